@@ -1,0 +1,77 @@
+"""Give every rank the client's callback metrics, so monitoring callbacks agree.
+
+Only the client (rank 0) runs the user's steps, so only it has the logged values that
+``ModelCheckpoint(monitor=...)`` and ``EarlyStopping`` read. This callback, placed first,
+broadcasts them (as JSON, never pickle) right before those callbacks run on every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+from lightning_epipe.strategy.state import bytes_to_json, json_to_bytes
+
+__all__ = ["CallbackMetricsSync", "broadcast_json"]
+
+
+def broadcast_json(value: Any, device: torch.device, src: int = 0) -> Any:
+    """Broadcast a JSON-serializable value from ``src`` to every rank (a collective)."""
+    is_src = dist.get_rank() == src
+    payload, error = None, None
+    if is_src:
+        try:
+            payload = json_to_bytes(value).to(device)
+        except (TypeError, ValueError) as err:
+            error = err
+    size = torch.tensor([-1 if error else (payload.numel() if is_src else 0)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src)
+    if int(size.item()) < 0:
+        raise TypeError(
+            f"EPipeStrategy broadcasts only plain data (JSON types and paths), never pickles: rank {src} tried to"
+            f" broadcast {type(value).__name__ if error is None else error}"
+        )
+    if not is_src:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(payload, src)
+    return bytes_to_json(payload)
+
+
+class CallbackMetricsSync(Callback):
+    """Copies rank 0's ``trainer.callback_metrics`` to every rank before monitors read them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    @staticmethod
+    def _needed(trainer: Trainer, per_step: bool) -> bool:
+        for cb in trainer.callbacks:
+            if isinstance(cb, EarlyStopping) and not per_step:
+                return True
+            if isinstance(cb, ModelCheckpoint) and cb.monitor is not None:
+                if not per_step or getattr(cb, "_every_n_train_steps", 0) or getattr(cb, "_train_time_interval", None):
+                    return True
+        return False
+
+    def _sync(self, trainer: Trainer) -> None:
+        metrics = trainer.callback_metrics
+        values = {k: float(v) for k, v in metrics.items() if isinstance(v, torch.Tensor) and v.numel() == 1}
+        values = broadcast_json(values if trainer.is_global_zero else None, self.device)
+        if not trainer.is_global_zero:
+            trainer._logger_connector._callback_metrics.update({k: torch.tensor(v) for k, v in values.items()})
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if self._needed(trainer, per_step=True):
+            self._sync(trainer)
+
+    def on_train_epoch_end(self, trainer: Trainer, *args: Any) -> None:
+        if self._needed(trainer, per_step=False):
+            self._sync(trainer)
+
+    def on_validation_end(self, trainer: Trainer, *args: Any) -> None:
+        if self._needed(trainer, per_step=False) and not trainer.sanity_checking:
+            self._sync(trainer)

@@ -1,0 +1,83 @@
+"""Split a batch into micro-batches and join stage outputs back (pure tensor code).
+
+A batch is a Tensor, a tuple/list of Tensors or a dict of Tensors (HF-style batches with
+``input_ids`` and ``attention_mask``); every tensor is split along dim 0. ``B`` rows in
+``chunks`` micro-batches give ``min(chunks, B)`` micro-batches whose sizes differ by at
+most one, so the last, smaller batch of an epoch runs as fewer micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["Batch", "batch_size", "scatter", "gather", "flatten", "unflatten"]
+
+Batch = Union[Tensor, tuple, list, dict]
+
+
+def _tensors(batch: Batch) -> list[Tensor]:
+    if isinstance(batch, Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        values = list(batch.values())
+    elif isinstance(batch, (tuple, list)):
+        values = list(batch)
+    else:
+        raise TypeError(f"a pipeline input must be a Tensor, tuple, list or dict of Tensors, got {type(batch).__name__}")
+    for v in values:
+        if not isinstance(v, Tensor):
+            raise TypeError(
+                f"every element of a pipeline input must be a Tensor, got {type(v).__name__}:"
+                " move non-tensor arguments into the layers' constructor"
+            )
+    return values
+
+
+def batch_size(batch: Batch) -> int:
+    """Rows along dim 0 shared by every tensor of ``batch``."""
+    sizes = {t.shape[0] if t.dim() else None for t in _tensors(batch)}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(f"all tensors of a pipeline input must share dim 0 to be split into micro-batches, got {sizes}")
+    return sizes.pop()
+
+
+def scatter(batch: Batch, chunks: int) -> list[Batch]:
+    """Split ``batch`` ([B, ...] tensors) into ``min(chunks, B)`` micro-batches."""
+    n = min(chunks, batch_size(batch))
+    if n == 0:
+        raise ValueError("cannot pipeline an empty batch")
+    if isinstance(batch, Tensor):
+        return list(torch.tensor_split(batch, n))
+    if isinstance(batch, dict):
+        parts = {k: torch.tensor_split(v, n) for k, v in batch.items()}
+        return [{k: parts[k][i] for k in batch} for i in range(n)]
+    parts = [torch.tensor_split(v, n) for v in batch]
+    return [type(batch)(p[i] for p in parts) for i in range(n)]
+
+
+def gather(outputs: list[Any]) -> Any:
+    """Concatenate micro-batch outputs (Tensors or tuples of Tensors) along dim 0."""
+    first = outputs[0]
+    if isinstance(first, Tensor):
+        return torch.cat(outputs)
+    return type(first)(torch.cat([o[i] for o in outputs]) for i in range(len(first)))
+
+
+def flatten(value: Any) -> tuple[list[Tensor], bool]:
+    """A stage output as a list of tensors, and whether it was a bare Tensor."""
+    if isinstance(value, Tensor):
+        return [value], True
+    if isinstance(value, (tuple, list)) and all(isinstance(v, Tensor) for v in value):
+        return list(value), False
+    raise TypeError(
+        f"a pipeline stage must return a Tensor or a tuple of Tensors to cross a cut, got {type(value).__name__}"
+        + ("" if not isinstance(value, (tuple, list)) else f" of {[type(v).__name__ for v in value]}")
+    )
+
+
+def unflatten(tensors: list[Tensor], bare: bool) -> Any:
+    """Inverse of :func:`flatten`."""
+    return tensors[0] if bare else tuple(tensors)

@@ -1,0 +1,330 @@
+"""Run one rank's share of the GPipe schedule: receive, compute, compress, send.
+
+The :class:`PipelineRuntime` owns this rank's stages, the per-step autograd state and the
+codec streams; the strategy calls :meth:`~PipelineRuntime.forward` and
+:meth:`~PipelineRuntime.backward`, the client additionally :meth:`~PipelineRuntime.command`.
+Shape legend: ``B`` batch, ``b`` micro-batch rows, ``m`` micro-batches.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from lightning_epipe.compressors import Packet, PacketError
+from lightning_epipe.strategy.codecs import CodecBook
+from lightning_epipe.strategy.microbatch import Batch, flatten, unflatten
+from lightning_epipe.strategy.partition import PipelinePlan
+from lightning_epipe.strategy.schedule import rank_tasks
+from lightning_epipe.strategy.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.transport import Transport
+from lightning_epipe.strategy.wire import Command, Flag, Header, Kind, WireError, checksum
+
+__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage"]
+
+_KIND_NAMES = {Kind.ACTIVATION: "activation", Kind.GRADIENT: "gradient", Kind.INPUT: "input"}
+
+
+class NonFiniteActivation(FloatingPointError):
+    """NaN or Inf crossed a cut; ``stage``, ``step`` and ``microbatch`` say where."""
+
+    def __init__(self, message: str, stage: int, step: int, microbatch: int) -> None:
+        super().__init__(message)
+        self.stage, self.step, self.microbatch = stage, step, microbatch
+
+
+@dataclass(frozen=True)
+class ControlMessage:
+    command: Command
+    step: int
+    num_microbatches: int = 0
+    arg: int = 0
+    flags: int = 0
+
+
+@dataclass
+class _Saved:
+    """Autograd state of one (stage, micro-batch) kept from forward to backward."""
+
+    leaves: list[Tensor]  # received tensors that require grad, in message order
+    outputs: list[Tensor] = field(default_factory=list)  # sent tensors that require grad
+
+
+class PipelineRuntime:
+    """This rank's stages and the loop over its GPipe tasks.
+
+    Example (inside an initialized process group, rank ``r`` of a 3-process pipeline)::
+
+        plan = plan_pipeline(num_layers=len(seq), num_ranks=3, balance=[1, 2, 2, 1])
+        runtime = PipelineRuntime(plan, r, seq, transport, codecs, PipelineStats())
+        outs = runtime.forward(scatter(x, 4))   # client: list of m outputs
+        loss(gather(outs)).backward(); runtime.backward()
+    """
+
+    def __init__(
+        self,
+        plan: PipelinePlan,
+        rank: int,
+        layers: nn.Sequential,
+        transport: Transport,
+        codecs: CodecBook,
+        stats: PipelineStats,
+        nonfinite: str = "raise",
+    ) -> None:
+        self.plan = plan
+        self.rank = rank
+        self.stage_ids = plan.stages_of(rank)
+        self.stages = {s: nn.Sequential(*(layers[i] for i in range(*plan.bounds[s]))) for s in self.stage_ids}
+        self.transport = transport
+        self.codecs = codecs
+        self.stats = stats
+        self.nonfinite = nonfinite  # "raise" | "skip" | "allow"
+        self.nonfinite_seen = False  # this step sent NaN/Inf (nonfinite="skip")
+        self.step = 0
+        self.num_microbatches = 0
+        self._saved: dict[tuple[int, int], _Saved] = {}
+
+    @property
+    def last_stage(self) -> int:
+        return self.plan.num_stages - 1
+
+    @property
+    def has_pending_backward(self) -> bool:
+        return bool(self._saved)
+
+    # ------------------------------------------------------------------ control (client -> servers)
+
+    def command(self, command: Command, num_microbatches: int = 0, arg: int = 0, flags: int = 0) -> None:
+        """Client only: tell every server what to do next."""
+        for peer in range(1, self.plan.num_ranks):
+            header = Header(Kind.CONTROL, self.step, 0, num_microbatches, 0, 1, flags, 0, 0, arg=command)
+            self.transport.send(peer, header)
+
+    def next_command(self) -> ControlMessage:
+        """Server only: wait for the client's next command."""
+        got = self.transport.recv(0, f"the client's next command after step {self.step}", kind=Kind.CONTROL)
+        h = got.header
+        if h.arg not in Command._value2member_map_:
+            raise WireError(f"{self.transport.link(0, False)}: unknown command {h.arg}")
+        command = Command(h.arg)
+        expected = self.step + 1 if command == Command.FORWARD else self.step
+        if h.step != expected:
+            raise WireError(
+                f"{self.transport.link(0, False)}: {command.name} for step {h.step} but this rank is at step"
+                f" {self.step}: the ranks ran a different number of steps (do all of them see the same number of batches?)"
+            )
+        return ControlMessage(command, h.step, h.num_microbatches, h.microbatch, h.flags)
+
+    # ------------------------------------------------------------------ forward
+
+    def begin_step(self, num_microbatches: int) -> None:
+        if self._saved:
+            raise RuntimeError(
+                "a new pipeline forward started while the previous one still waits for its backward: call the"
+                " pipelined Sequential once per step, and backward the loss that depends on it"
+            )
+        self.step += 1
+        self.num_microbatches = num_microbatches
+        self.nonfinite_seen = False
+
+    def forward(self, microbatches: Optional[list[Batch]] = None) -> Optional[list[Any]]:
+        """Run this rank's forward tasks for the current step.
+
+        Args:
+            microbatches: on the client, the ``m`` micro-batch inputs ([b, ...] each).
+        Returns:
+            On the rank of the last stage, its ``m`` outputs; elsewhere ``None``.
+        """
+        m = self.num_microbatches
+        grad = torch.is_grad_enabled()
+        if self.rank == 0 and self.plan.input_rank != 0:
+            for i, mb in enumerate(microbatches):
+                self._send_input(mb, i)
+        outputs: dict[int, Any] = {}
+        for task in rank_tasks(self.stage_ids, m, "forward"):
+            s, i = task.stage, task.microbatch
+            leaves: list[Tensor] = []
+            if s == 0:
+                x = microbatches[i] if self.rank == 0 else self._recv_input(i)
+            else:
+                tensors, bare = self._recv(Kind.ACTIVATION, self.plan.stage_ranks[s - 1], s - 1, i, grad)
+                leaves = [t for t in tensors if t.requires_grad]
+                x = unflatten(tensors, bare)
+            start = time.perf_counter()
+            y = self.stages[s](x)
+            self.stats.add_compute(s, time.perf_counter() - start)
+            if s == self.last_stage:
+                outputs[i] = y
+                if grad:
+                    self._saved[(s, i)] = _Saved(leaves)
+                continue
+            ys, bare = flatten(y)
+            self._send(Kind.ACTIVATION, self.plan.stage_ranks[s + 1], s, i, ys, bare)
+            if grad:
+                self._saved[(s, i)] = _Saved(leaves, [t for t in ys if t.requires_grad and t.is_floating_point()])
+        self.transport.flush()
+        if self.last_stage in self.stage_ids:
+            return [outputs[i] for i in range(m)]
+        return None
+
+    # ------------------------------------------------------------------ backward
+
+    def backward(self) -> None:
+        """Run this rank's backward tasks; the client calls it after ``loss.backward()``."""
+        if not self._saved:
+            return
+        for task in rank_tasks(self.stage_ids, self.num_microbatches, "backward"):
+            s, i = task.stage, task.microbatch
+            saved = self._saved.pop((s, i), None)
+            if saved is None:
+                continue
+            if s != self.last_stage:
+                grads = self._recv_grads(self.plan.stage_ranks[s + 1], s, i, len(saved.outputs))
+                pairs = [(o, g) for o, g in zip(saved.outputs, grads) if g is not None]
+                if pairs:
+                    start = time.perf_counter()
+                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+                    self.stats.add_compute(s, time.perf_counter() - start)
+            if s != 0:
+                self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves)
+        self.transport.flush()
+
+    def discard(self) -> None:
+        """Drop the autograd state of a step that will not be backpropagated."""
+        self._saved.clear()
+
+    # ------------------------------------------------------------------ messages
+
+    def _send(self, kind: Kind, peer: int, cut: int, mb: int, tensors: list[Tensor], bare: bool) -> None:
+        n = len(tensors)
+        for j, t in enumerate(tensors):
+            flags = Flag.BARE if (bare and j == 0) else Flag.NONE
+            if kind == Kind.ACTIVATION and t.requires_grad and t.is_floating_point():
+                flags |= Flag.REQUIRES_GRAD
+            self._send_one(kind, peer, cut, mb, j, n, t.detach(), flags)
+
+    def _send_one(self, kind: Kind, peer: int, cut: int, mb: int, j: int, n: int, t: Tensor, flags: int) -> None:
+        direction = "gradient" if kind == Kind.GRADIENT else "activation"
+        codec = self.codecs.raw if kind == Kind.INPUT else self.codecs.get(direction, cut, mb, j, t)
+        if self.nonfinite != "allow" and kind != Kind.INPUT and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            codec = self._on_nonfinite(kind, cut, mb, t)
+            flags |= Flag.NONFINITE
+        buf = codec.encode(t).to_bytes()
+        header = Header(kind, self.step, mb, self.num_microbatches, j, n, flags, buf.numel(), checksum(buf))
+        nbytes = self.transport.send(peer, header, buf)
+        self.stats.link(LinkKey("send", peer, _KIND_NAMES[kind])).add(nbytes, t.numel() * t.element_size())
+
+    def _on_nonfinite(self, kind: Kind, cut: int, mb: int, t: Tensor):
+        """Raise, or (``nonfinite="skip"``) mark the step and send the values raw so NaN stays NaN."""
+        stage = cut if kind == Kind.ACTIVATION else cut + 1
+        bad = int((~torch.isfinite(t)).sum())
+        where = f"{bad} NaN/Inf values in the {_KIND_NAMES[kind]} leaving stage {stage} (rank {self.rank}) at step {self.step}, micro-batch {mb}"
+        if self.nonfinite == "raise":
+            raise NonFiniteActivation(
+                f"{where}. Lower the learning rate, clip gradients or check the inputs; or pass"
+                " EPipeStrategy(nonfinite='skip') to skip such steps",
+                stage,
+                self.step,
+                mb,
+            )
+        self.nonfinite_seen = True
+        warnings.warn(f"{where}: the step will be skipped on every rank", RuntimeWarning, stacklevel=2)
+        return self.codecs.raw
+
+    def _recv(self, kind: Kind, peer: int, cut: int, mb: int, grad: bool) -> tuple[list[Tensor], bool]:
+        what = f"{_KIND_NAMES[kind]} of step {self.step}, micro-batch {mb}"
+        tensors, bare, count, j = [], False, 1, 0
+        while j < count:
+            got = self.transport.recv(peer, what, kind=kind, step=self.step, microbatch=mb, index=j)
+            h = got.header
+            if j == 0:
+                count, bare = h.count, bool(h.flags & Flag.BARE)
+            elif h.count != count:
+                raise WireError(f"{self.transport.link(peer, False)}: {what}: message count changed from {count} to {h.count}")
+            t = self._decode(got.payload, "activation", cut, mb, j, peer, what)
+            self.stats.link(LinkKey("recv", peer, _KIND_NAMES[kind])).add(
+                got.nbytes, t.numel() * t.element_size(), got.transfer_seconds
+            )
+            if grad and h.flags & Flag.REQUIRES_GRAD:
+                t = t.detach().requires_grad_()
+            tensors.append(t)
+            j += 1
+        return tensors, bare
+
+    def _decode(self, payload: Optional[Tensor], direction: str, cut: int, mb: int, j: int, peer: int, what: str) -> Tensor:
+        link = self.transport.link(peer, False)
+        if payload is None:
+            raise WireError(f"{link}: {what}: message {j} has no payload")
+        try:
+            packet = Packet.from_bytes(payload)
+            return self.codecs.decoder(direction, cut, mb, j, packet.codec).decode(packet)
+        except PacketError as err:
+            raise WireError(f"{link}: {what}: message {j}: {err}") from err
+
+    def _send_grads(self, peer: int, cut: int, mb: int, leaves: list[Tensor]) -> None:
+        n = len(leaves)
+        for j, leaf in enumerate(leaves):
+            if leaf.grad is None:
+                header = Header(Kind.GRADIENT, self.step, mb, self.num_microbatches, j, n, Flag.NO_GRAD, 0, 0)
+                nbytes = self.transport.send(peer, header)
+                self.stats.link(LinkKey("send", peer, "gradient")).add(nbytes, 0)
+            else:
+                self._send_one(Kind.GRADIENT, peer, cut, mb, j, n, leaf.grad, Flag.NONE)
+            leaf.grad = None
+
+    def _recv_grads(self, peer: int, cut: int, mb: int, expected: int) -> list[Optional[Tensor]]:
+        what = f"gradient of step {self.step}, micro-batch {mb}"
+        grads: list[Optional[Tensor]] = []
+        for j in range(expected):
+            got = self.transport.recv(peer, what, kind=Kind.GRADIENT, step=self.step, microbatch=mb, index=j, count=expected)
+            if got.header.flags & Flag.NO_GRAD:
+                grads.append(None)
+                self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, 0)
+                continue
+            g = self._decode(got.payload, "gradient", cut, mb, j, peer, what)
+            self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, g.numel() * g.element_size(), got.transfer_seconds)
+            grads.append(g)
+        return grads
+
+    # ------------------------------------------------------------------ raw inputs (chain placement)
+
+    def _send_input(self, mb: Batch, i: int) -> None:
+        peer = self.plan.input_rank
+        if isinstance(mb, Tensor):
+            layout, tensors = {"type": "tensor"}, [mb]
+        elif isinstance(mb, dict):
+            layout, tensors = {"type": "dict", "keys": list(mb)}, list(mb.values())
+        else:
+            layout, tensors = {"type": type(mb).__name__}, list(mb)
+        meta = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
+        n = len(tensors) + 1
+        header = Header(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.NONE, meta.numel(), checksum(meta))
+        self.transport.send(peer, header, meta)
+        for j, t in enumerate(tensors, start=1):
+            self._send_one(Kind.INPUT, peer, 0, i, j, n, t.detach(), Flag.NONE)
+
+    def _recv_input(self, i: int) -> Batch:
+        what = f"input of step {self.step}, micro-batch {i}"
+        got = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=0)
+        try:
+            layout = json.loads(bytes(got.payload.cpu().numpy()).decode())
+        except (ValueError, AttributeError) as err:
+            raise WireError(f"{self.transport.link(0, False)}: {what}: unreadable input layout") from err
+        tensors = []
+        for j in range(1, got.header.count):
+            msg = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=j)
+            t = self._decode(msg.payload, "activation", 0, i, j, 0, what)
+            self.stats.link(LinkKey("recv", 0, "input")).add(msg.nbytes, t.numel() * t.element_size(), msg.transfer_seconds)
+            tensors.append(t)
+        kind = layout.get("type")
+        if kind == "tensor":
+            return tensors[0]
+        if kind == "dict":
+            return dict(zip(layout["keys"], tensors))
+        return list(tensors) if kind == "list" else tuple(tensors)

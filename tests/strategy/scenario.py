@@ -1,0 +1,140 @@
+"""A small pipelined training in real processes, for the tests (not collected by pytest).
+
+    python tests/strategy/scenario.py --out result.pt --devices 3 --steps 4 --compressor none
+
+Lightning's launcher re-runs this script once per rank; rank 0 writes the losses it saw and
+the consolidated weights to ``--out``. ``reference()`` trains the same module in one
+process without the strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+if os.environ.get("EPIPE_TEST_STUB"):
+    sys.path.insert(0, os.environ["EPIPE_TEST_STUB"])
+    import stubcomp  # noqa: F401
+
+import lightning as L
+
+
+def make_data(n: int = 96, features: int = 16, classes: int = 4, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, features, generator=g)
+    w = torch.randn(features, classes, generator=g)
+    y = (x @ w).argmax(dim=1)
+    return TensorDataset(x, y)
+
+
+class TinyNet(L.LightningModule):
+    """``layers``: 8 children (Linear/Tanh), so every placement up to 4 processes fits."""
+
+    def __init__(self, lr: float = 0.1, optimizer: str = "sgd", manual: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(1234)
+        self.layers = nn.Sequential(
+            nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+            nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 16), nn.Linear(16, 4),
+        )
+        self.lr = lr
+        self.optimizer_name = optimizer
+        self.automatic_optimization = not manual
+        self.losses: list[float] = []
+        self.val_losses: list[float] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.layers(x), y)
+        self.losses.append(float(loss))
+        self.log("train_loss", loss)
+        if not self.automatic_optimization:
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(loss)
+            opt.step()
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.layers(x), y)
+        self.val_losses.append(float(loss))
+        self.log("val_loss", loss)
+
+    def predict_step(self, batch, batch_idx):
+        return self.layers(batch[0])
+
+    def configure_optimizers(self):
+        if self.optimizer_name == "adam":
+            return torch.optim.Adam(self.parameters(), lr=self.lr)
+        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+
+
+def loader(batch_size: int) -> DataLoader:
+    return DataLoader(make_data(), batch_size=batch_size, shuffle=False)
+
+
+def trainer_kwargs(steps: int, **extra) -> dict:
+    return dict(
+        max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        limit_val_batches=0, **extra,
+    )
+
+
+def reference(steps: int, batch_size: int, **model_kwargs) -> TinyNet:
+    """The same training in one process without EPipeStrategy."""
+    model = TinyNet(**model_kwargs)
+    L.Trainer(devices=1, **trainer_kwargs(steps)).fit(model, loader(batch_size))
+    return model
+
+
+def main() -> None:
+    from lightning_epipe import EPipeStrategy
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--devices", type=int, default=3)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--chunks", type=int, default=4)
+    p.add_argument("--compressor", default="none")
+    p.add_argument("--bits", type=int, default=None)
+    p.add_argument("--placement", default="client-server")
+    p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--manual", action="store_true")
+    p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--accumulate", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=60)
+    args = p.parse_args()
+
+    strategy = EPipeStrategy(
+        chunks=args.chunks, compressor=args.compressor, bits=args.bits, placement=args.placement,
+        timeout=timedelta(seconds=args.timeout),
+    )
+    model = TinyNet(optimizer=args.optimizer, manual=args.manual)
+    trainer = L.Trainer(
+        devices=args.devices, strategy=strategy, gradient_clip_val=args.clip,
+        accumulate_grad_batches=args.accumulate, **trainer_kwargs(args.steps),
+    )
+    trainer.fit(model, loader(args.batch_size))
+    if trainer.is_global_zero:
+        predictions = trainer.predict(model, loader(args.batch_size))
+        torch.save(
+            {"losses": model.losses, "state_dict": model.state_dict(), "predictions": torch.cat(predictions),
+             "stats": {k.label(0): v.as_list() for k, v in strategy.stats.links.items()}},
+            args.out,
+        )
+    else:
+        trainer.predict(model, loader(args.batch_size))
+
+
+if __name__ == "__main__":
+    main()
