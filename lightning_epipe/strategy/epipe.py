@@ -433,7 +433,9 @@ class EPipeStrategy(ParallelStrategy):
                 runtime.backward()
                 self._agree_on_nonfinite()
             elif msg.command == Command.OPTIMIZER_STEP:
-                optimizer = self.optimizers[msg.arg]
+                # through the LightningOptimizer, so this rank's global_step advances too
+                optimizers = self.lightning_module.optimizers(use_pl_optimizer=True)
+                optimizer = optimizers[msg.arg] if isinstance(optimizers, list) else optimizers
                 optimizer.step()
                 optimizer.zero_grad()
             elif msg.command == Command.SKIP_STEP:
