@@ -308,7 +308,7 @@ class EPipeStrategy(ParallelStrategy):
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
-        self._transport = Transport(self.global_rank, self.root_device, self._timeout, self.verify_checksum)
+        self._transport = Transport(self.global_rank, self.root_device, self._timeout, self.verify_checksum, self.stats)
         if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
             self._codecs = self._check_compressors(plan.num_cuts)
         self._runtime = PipelineRuntime(

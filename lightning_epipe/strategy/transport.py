@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_epipe.strategy.stats import PipelineStats
 from lightning_epipe.strategy.wire import HEADER_LEN, Header, WireError, checksum
 
 __all__ = ["PeerError", "Transport", "Received"]
@@ -38,13 +39,20 @@ class Received:
 class Transport:
     """Send and receive headers and payloads to and from peers (global ranks)."""
 
-    def __init__(self, rank: int, device: torch.device, timeout: timedelta, verify_checksum: bool = True) -> None:
+    def __init__(
+        self,
+        rank: int,
+        device: torch.device,
+        timeout: timedelta,
+        verify_checksum: bool = True,
+        stats: Optional[PipelineStats] = None,
+    ) -> None:
         self.rank = rank
         self.device = device
         self.timeout = timeout
         self.verify_checksum = verify_checksum
+        self.stats = stats if stats is not None else PipelineStats()  # receives the blocked time
         self._pending: list[tuple[dist.Work, tuple[Tensor, ...], int, str]] = []
-        self.wait_seconds = 0.0
 
     def link(self, peer: int, outgoing: bool) -> str:
         return f"link rank {self.rank} -> rank {peer}" if outgoing else f"link rank {peer} -> rank {self.rank}"
@@ -106,4 +114,4 @@ class Transport:
             raise PeerError(f"rank {self.rank}: {cause} while waiting for {what}. ({text.splitlines()[0][:200]})") from err
         finally:
             if blocking:
-                self.wait_seconds += time.perf_counter() - start
+                self.stats.wait_seconds += time.perf_counter() - start

@@ -10,18 +10,11 @@ process without the strategy.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
 from datetime import timedelta
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-if os.environ.get("EPIPE_TEST_STUB"):
-    sys.path.insert(0, os.environ["EPIPE_TEST_STUB"])
-    import stubcomp  # noqa: F401
 
 import lightning as L
 
@@ -89,10 +82,11 @@ def trainer_kwargs(steps: int, **extra) -> dict:
     )
 
 
-def reference(steps: int, batch_size: int, **model_kwargs) -> TinyNet:
+def reference(steps: int, batch_size: int, clip: float | None = None, accumulate: int = 1, **model_kwargs) -> TinyNet:
     """The same training in one process without EPipeStrategy."""
     model = TinyNet(**model_kwargs)
-    L.Trainer(devices=1, **trainer_kwargs(steps)).fit(model, loader(batch_size))
+    trainer = L.Trainer(devices=1, gradient_clip_val=clip, accumulate_grad_batches=accumulate, **trainer_kwargs(steps))
+    trainer.fit(model, loader(batch_size))
     return model
 
 

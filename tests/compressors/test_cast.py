@@ -1,0 +1,51 @@
+import pytest
+import torch
+
+from lightning_epipe.compressors import Bf16, Fp16, NoCompression, NonFiniteError
+
+
+@pytest.mark.parametrize("x", [
+    torch.tensor([[True, False], [False, True]]),
+    torch.arange(-5, 5, dtype=torch.int64).reshape(2, 5),
+    torch.arange(0, 250, 7, dtype=torch.uint8),
+    torch.tensor([1 + 2j, -3j], dtype=torch.complex64),
+    torch.tensor(3.5, dtype=torch.float64),
+    torch.randn(3, 4, dtype=torch.bfloat16),
+])
+def test_none_carries_any_dtype_bit_exactly(x):
+    c = NoCompression()
+    packet = c.encode(x)
+    assert packet.payload.numel() == x.numel() * x.element_size()
+    y = NoCompression().decode(packet)
+    assert y.dtype == x.dtype and torch.equal(y, x)
+
+
+def test_none_payload_shares_memory_with_a_contiguous_input():
+    x = torch.randn(10)
+    assert NoCompression().encode(x).payload.data_ptr() == x.data_ptr()
+
+
+def test_none_checks_floats_but_can_send_nan_raw():
+    x = torch.tensor([1.0, float("nan")])
+    with pytest.raises(NonFiniteError, match="none: 1 of 2"):
+        NoCompression().encode(x)
+    y = NoCompression().decode(NoCompression(check_finite=False).encode(x))
+    assert y[0] == 1 and y[1].isnan()
+
+
+@pytest.mark.parametrize("codec, wire", [(Fp16(), torch.float16), (Bf16(), torch.bfloat16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_cast_is_the_round_trip_through_the_wire_dtype(codec, wire, dtype):
+    x = (torch.randn(100) * 100).to(dtype)
+    packet = codec.encode(x)
+    assert packet.payload.numel() == 200
+    y = codec.decode(packet)
+    assert y.dtype == dtype and torch.equal(y, x.to(wire).to(dtype))
+
+
+def test_fp16_overflow_is_an_error_not_inf():
+    x = torch.tensor([1.0, 7e4, -1e5])
+    with pytest.raises(NonFiniteError, match=r"fp16: 2 of 3 values exceed the torch.float16 "
+                                             r"range .* max \|x\| is 100000\); use bf16"):
+        Fp16().encode(x)
+    assert torch.equal(Bf16().decode(Bf16().encode(x)), x.bfloat16().float())

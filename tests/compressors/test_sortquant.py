@@ -1,0 +1,179 @@
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lightning_epipe.compressors import Packet, PacketError, SortQuant, get_compressor
+from lightning_epipe.compressors.bitpack import unpack
+from lightning_epipe.compressors.levels import read_levels
+from lightning_epipe.compressors.packet import header_nbytes
+
+from .cases import FLOATS, sample, ulp_slack
+
+
+def parts(codec: SortQuant, x: torch.Tensor):
+    """(codes [N] int64, lo [K] float64, step [K] float64, decoded [N] float64)."""
+    packet = codec.encode(x)
+    levels = read_levels(codec, packet)
+    codes = unpack(levels.codes, levels.bits, x.numel()).long()
+    y = SortQuant().decode(packet).reshape(-1).double()
+    return codes, levels.lo.double(), levels.step.double(), y
+
+
+def equal_counts(n: int, buckets: int) -> list[int]:
+    starts = [-(-k * n // buckets) for k in range(buckets + 1)]
+    return [b - a for a, b in zip(starts, starts[1:])]
+
+
+def heavy_ties(n: int = 3000) -> torch.Tensor:
+    """70% zeros (a ReLU), a block of repeats of 6.0 (a ReLU6 ceiling), the rest spread."""
+    x = torch.zeros(n)
+    x[: n // 10] = 6.0
+    x[n // 10: 3 * n // 10] = torch.rand(2 * n // 10, generator=torch.Generator().manual_seed(3))
+    return x[torch.randperm(n, generator=torch.Generator().manual_seed(4))]
+
+
+@pytest.mark.parametrize("bits, split", [(2, 1), (4, 1), (6, 2), (8, 2), (12, 3), (16, 4)])
+def test_default_split_is_three_to_one(bits, split):
+    assert SortQuant(bits=bits).split == split
+    assert get_compressor("sortquant", bits=bits).split == split
+
+
+@pytest.mark.parametrize("bits, split", [(8, 2), (8, 4), (5, 2), (12, 3), (3, 2)])
+@pytest.mark.parametrize("x", [sample((1001,), torch.float32), heavy_ties()],
+                         ids=["normal", "ties"])
+def test_exact_buckets_hold_equal_counts_and_bound_the_error(bits, split, x):
+    codec = SortQuant(bits=bits, split=split, boundaries="exact")
+    codes, lo, step, y = parts(codec, x)
+    q_bits = bits - split
+    bucket = codes >> q_bits
+    assert torch.bincount(bucket, minlength=2**split).tolist() == equal_counts(x.numel(), 2**split)
+    # sorted by value, the buckets come in order: bucket k holds ranks of bucket k
+    assert (bucket[x.argsort(stable=True)].diff() >= 0).all()
+    xd = x.double()
+    assert ((xd - y).abs() <= step[bucket] / 2 + ulp_slack(x)).all()
+    assert ((xd >= lo[bucket]) & (xd <= lo[bucket] + step[bucket] * (2**q_bits - 1)
+                                  + ulp_slack(x))).all()
+
+
+@pytest.mark.parametrize("boundaries", ["exact", "estimated"])
+@pytest.mark.parametrize("bits, split", [(5, 2), (7, 3), (8, 2), (11, 2), (16, 4)])
+def test_code_zero_of_bucket_zero_round_trips(boundaries, bits, split):
+    """The report's decoder dropped code 0 of bucket 0 unless bits was 8 or 16."""
+    x = sample((500,), torch.float32)
+    codes, lo, _, y = parts(SortQuant(bits=bits, split=split, boundaries=boundaries), x)
+    smallest = int(x.argmin())
+    assert codes[smallest] == 0 and y[smallest] == x[smallest] == lo[0]
+
+
+@pytest.mark.parametrize("n", [1000, 200_000])
+@pytest.mark.parametrize("bits", [4, 8, 12])
+@pytest.mark.parametrize("data", ["normal", "ties", "outliers"])
+def test_estimated_error_is_at_most_half_a_step_of_its_bucket(n, bits, data):
+    x = {"normal": lambda: sample((n,), torch.float32),
+         "ties": lambda: heavy_ties(n),
+         "outliers": lambda: sample((n,), torch.float32) * torch.tensor([1.0, 1000.0]).repeat(n // 2)
+         }[data]()
+    codec = SortQuant(bits=bits)
+    codes, _, step, y = parts(codec, x)
+    # an element rounding up lands on code 0 of the next bucket: bound by either bucket's step
+    bucket = codes >> (bits - codec.split)
+    below = (bucket - 1).clamp(min=0)
+    assert ((x.double() - y).abs() <= torch.maximum(step[bucket], step[below]) / 2
+            + ulp_slack(x)).all()
+
+
+@pytest.mark.parametrize("kind", ["normal", "laplace"])
+def test_estimated_buckets_are_nearly_equal_on_continuous_data(kind):
+    """Up to sampling and the grid, for densities without spikes between grid lines."""
+    x = sample((300_000,), torch.float32)
+    if kind == "laplace":
+        x = x.sign() * torch.log1p(x.abs() * 3) ** 2
+    _, lo, _, _ = parts(SortQuant(bits=8, split=3), x)
+    counts = torch.bincount(torch.searchsorted(lo[1:], x.double(), right=True), minlength=8)
+    assert ((counts / (300_000 / 8) - 1).abs() < 0.03).all(), counts
+
+
+@pytest.mark.parametrize("bits", [4, 8, 12])
+@pytest.mark.parametrize("kind", ["normal", "gelu", "relu6"])
+def test_estimated_quality_is_near_exact(bits, kind):
+    x = sample((64, 4096), torch.float32)
+    x = {"normal": x, "gelu": torch.nn.functional.gelu(x), "relu6": torch.nn.functional.relu6(3 * x)}[kind]
+
+    def rel_err(boundaries):
+        c = SortQuant(bits=bits, boundaries=boundaries)
+        return float((c.decode(c.encode(x)) - x).norm() / x.norm())
+
+    assert rel_err("estimated") <= 1.1 * rel_err("exact")
+
+
+@pytest.mark.parametrize("bits, split", [(8, 2), (12, 3), (3, 1), (16, 4)])
+@pytest.mark.parametrize("shape", [(1,), (9,), (3, 7, 11)])
+def test_nbytes_formula(bits, split, shape):
+    x = sample(shape, torch.float16)
+    n = x.numel()
+    expected = header_nbytes(len(shape)) + 4 + 8 * 2**split + -(-n * bits // 8)
+    for boundaries in ("exact", "estimated"):
+        assert SortQuant(bits=bits, split=split, boundaries=boundaries).encode(x).nbytes == expected
+
+
+def test_twelve_bits_cost_one_and_a_half_bytes():
+    x = sample((1000,), torch.float32)
+    assert SortQuant(bits=12).encode(x).payload.numel() == 4 + 8 * 8 + 1500
+
+
+def test_decode_needs_no_sort(monkeypatch):
+    x = sample((2000,), torch.float32)
+    packet = SortQuant(boundaries="exact").encode(x)
+
+    def no_sort(*args, **kwargs):
+        raise AssertionError("decode sorted")
+
+    monkeypatch.setattr(torch, "sort", no_sort)
+    monkeypatch.setattr(torch.Tensor, "sort", no_sort)
+    SortQuant().decode(packet)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"bits": 8, "split": 8}, r"sortquant: split must be an integer in 1..7 for bits=8"),
+    ({"bits": 8, "split": 0}, r"split must be an integer in 1..7"),
+    ({"bits": 1}, r"sortquant: bits must be an integer in 2..16, got 1"),
+    ({"bits": 20}, r"bits must be an integer in 2..16"),
+    ({"boundaries": "fast"}, r"boundaries must be one of \('estimated', 'exact'\), got 'fast'"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SortQuant(**kwargs)
+
+
+def test_a_quantize_payload_is_refused():
+    packet = get_compressor("quantize").encode(torch.randn(10))
+    with pytest.raises(PacketError, match="split is 0"):
+        SortQuant().decode(Packet(SortQuant.codec_id, packet.dtype, packet.shape, packet.payload))
+
+
+@settings(max_examples=50, deadline=None)
+@given(values=st.lists(st.floats(-1e3, 1e3, width=32, allow_subnormal=False) | st.just(0.0),
+                       min_size=1, max_size=70),
+       bits=st.integers(2, 16), data=st.data(), dtype=st.sampled_from(FLOATS))
+def test_exact_property(values, bits, data, dtype):
+    split = data.draw(st.integers(1, bits - 1))
+    x = torch.tensor(values).to(dtype)
+    codes, _, step, y = parts(SortQuant(bits=bits, split=split, boundaries="exact"), x)
+    bucket = codes >> (bits - split)
+    assert torch.bincount(bucket, minlength=2**split).tolist() == equal_counts(x.numel(), 2**split)
+    assert ((x.double() - y).abs() <= step[bucket] / 2 + ulp_slack(x)).all()
+
+
+@settings(max_examples=50, deadline=None)
+@given(values=st.lists(st.floats(-1e3, 1e3, width=32, allow_subnormal=False) | st.just(1.0),
+                       min_size=1, max_size=70),
+       bits=st.integers(2, 16), data=st.data(), dtype=st.sampled_from(FLOATS))
+def test_estimated_property(values, bits, data, dtype):
+    split = data.draw(st.integers(1, bits - 1))
+    x = torch.tensor(values).to(dtype)
+    codes, _, step, y = parts(SortQuant(bits=bits, split=split), x)
+    bucket = codes >> (bits - split)
+    below = (bucket - 1).clamp(min=0)
+    assert ((x.double() - y).abs() <= torch.maximum(step[bucket], step[below]) / 2
+            + ulp_slack(x)).all()
