@@ -52,14 +52,17 @@ def _spec(value: SpecLike, kwargs: dict) -> CodecSpec:
     raise TypeError(f"a compressor must be a name or a Compressor instance, got {type(value).__name__}")
 
 
-def resolve_specs(value: Union[SpecLike, Sequence[SpecLike]], kwargs: dict, num_cuts: int, what: str) -> list[CodecSpec]:
-    """One :class:`CodecSpec` per cut from a single name/instance or a per-cut list."""
+def resolve_specs(
+    value: Union[SpecLike, Sequence[SpecLike]], kwargs: dict, num_cuts: Optional[int], what: str
+) -> list[CodecSpec]:
+    """One :class:`CodecSpec` per cut from a single name/instance or a per-cut list
+    (``num_cuts=None``: check the entries only, the pipeline's size is not known yet)."""
     if isinstance(value, (list, tuple)):
-        if len(value) != num_cuts:
+        if num_cuts is not None and len(value) != num_cuts:
             raise ValueError(f"{what} lists {len(value)} compressors but the pipeline has {num_cuts} cuts: give one per cut")
         return [_spec(v, kwargs) for v in value]
     spec = _spec(value, kwargs)
-    return [spec] * num_cuts
+    return [spec] * (num_cuts or 1)
 
 
 class CodecBook:
@@ -87,11 +90,11 @@ class CodecBook:
         return self.get(direction, cut, slot, index)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"/".join(map(str, k)): c.state_dict() for k, c in self._streams.items() if c.state_dict()}
+        return {":".join(map(str, k)): c.state_dict() for k, c in self._streams.items() if c.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
-            direction, cut, slot, index = name.split("/")
+            direction, cut, slot, index = name.split(":")
             self.get(direction, int(cut), int(slot), int(index)).load_state_dict(value)
 
     def describe(self) -> dict[str, list[str]]:

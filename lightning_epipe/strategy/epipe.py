@@ -147,7 +147,7 @@ class EPipeStrategy(ParallelStrategy):
         if bits is not None:
             kwargs["bits"] = bits
         self._compressor_args = (compressor, activation_compressor, gradient_compressor, kwargs)
-        self._check_compressors(num_cuts=1)
+        self._check_compressors(num_cuts=None)
         self.stats = PipelineStats()
         self._plan: Optional[PipelinePlan] = None
         self._runtime: Optional[PipelineRuntime] = None
@@ -219,7 +219,7 @@ class EPipeStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ configuration checks
 
-    def _check_compressors(self, num_cuts: int) -> CodecBook:
+    def _check_compressors(self, num_cuts: Optional[int]) -> CodecBook:
         compressor, act, grad, kwargs = self._compressor_args
         activation = resolve_specs(act if act is not None else compressor, kwargs, num_cuts, "activation_compressor")
         gradient = resolve_specs(grad if grad is not None else compressor, kwargs, num_cuts, "gradient_compressor")

@@ -57,7 +57,7 @@ def test_candidate_threshold_finds_the_same_set_as_a_full_topk():
         assert set(fast.tolist()) == set(x.abs().topk(k).indices.tolist())
 
 
-def test_ties_fall_back_to_the_full_topk():
+def test_ties_at_the_threshold_keep_exactly_k():
     x = torch.ones(50_000)
     x[::7] = -1
     positions = topk_module._largest(x, 100)

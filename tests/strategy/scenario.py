@@ -10,6 +10,9 @@ process without the strategy.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import time
 from datetime import timedelta
 
 import torch
@@ -77,8 +80,7 @@ def loader(batch_size: int) -> DataLoader:
 def trainer_kwargs(steps: int, **extra) -> dict:
     return dict(
         max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        limit_val_batches=0, **extra,
+        enable_progress_bar=False, enable_model_summary=False, **{"num_sanity_val_steps": 0, "limit_val_batches": 0, **extra},
     )
 
 
@@ -90,7 +92,54 @@ def reference(steps: int, batch_size: int, clip: float | None = None, accumulate
     return model
 
 
+class InjectFault(L.Callback):
+    """Make rank ``rank`` misbehave at training batch ``step`` (tests of issue "faults")."""
+
+    def __init__(self, kind: str, rank: int, step: int) -> None:
+        self.kind, self.rank, self.step = kind, rank, step
+
+    def setup(self, trainer, pl_module, stage):
+        if trainer.global_rank != self.rank:
+            return
+        if self.kind in ("nan", "raise"):
+            def hook(module, args, output):
+                if trainer.training and trainer.global_step == self.step:
+                    if self.kind == "raise":
+                        raise RuntimeError(f"injected failure on rank {self.rank}")
+                    return output * float("nan")
+                return output
+
+            owned = trainer.strategy.plan.layers_of(self.rank)
+            pl_module.layers[owned[0]].register_forward_hook(hook)
+        if self.kind in ("corrupt", "misorder"):
+            from lightning_epipe.strategy import transport
+
+            original = transport.Transport.send
+
+            def send(tr, peer, header, payload=None):
+                if trainer.global_step == self.step and payload is not None and payload.numel() > 64:
+                    if self.kind == "corrupt":
+                        payload = payload.clone()
+                        payload[-1] ^= 0xFF
+                    else:
+                        import dataclasses
+
+                        header = dataclasses.replace(header, microbatch=header.microbatch + 1)
+                return original(tr, peer, header, payload)
+
+            transport.Transport.send = send
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_rank == self.rank and trainer.global_step == self.step:
+            if self.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.kind == "stall":
+                time.sleep(3600)
+
+
 def main() -> None:
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
     from lightning_epipe import EPipeStrategy
 
     p = argparse.ArgumentParser()
@@ -107,22 +156,44 @@ def main() -> None:
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--val", action="store_true", help="validation data, ModelCheckpoint(monitor) and EarlyStopping")
+    p.add_argument("--ckpt-dir", default=None)
+    p.add_argument("--resume", default=None)
+    p.add_argument("--nonfinite", default="raise")
+    p.add_argument("--fault", default=None, choices=["kill", "stall", "raise", "nan", "corrupt", "misorder"])
+    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--fault-step", type=int, default=2)
     args = p.parse_args()
 
     strategy = EPipeStrategy(
         chunks=args.chunks, compressor=args.compressor, bits=args.bits, placement=args.placement,
-        timeout=timedelta(seconds=args.timeout),
+        timeout=timedelta(seconds=args.timeout), nonfinite=args.nonfinite,
     )
     model = TinyNet(optimizer=args.optimizer, manual=args.manual)
-    trainer = L.Trainer(
-        devices=args.devices, strategy=strategy, gradient_clip_val=args.clip,
-        accumulate_grad_batches=args.accumulate, **trainer_kwargs(args.steps),
-    )
-    trainer.fit(model, loader(args.batch_size))
+    callbacks = []
+    extra = dict(gradient_clip_val=args.clip, accumulate_grad_batches=args.accumulate)
+    if args.fault:
+        callbacks.append(InjectFault(args.fault, args.fault_rank, args.fault_step))
+    if args.ckpt_dir:
+        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, filename="{epoch}", save_top_k=-1, every_n_epochs=1))
+    if args.val:
+        callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, filename="best", monitor="val_loss", save_top_k=1))
+        callbacks.append(EarlyStopping(monitor="val_loss", patience=100))
+    kwargs = trainer_kwargs(args.steps if args.epochs is None else -1, callbacks=callbacks, **extra)
+    if args.epochs is not None:
+        kwargs["max_epochs"] = args.epochs
+    if args.val:
+        kwargs.update(limit_val_batches=None, num_sanity_val_steps=2)
+    if args.ckpt_dir:
+        kwargs["enable_checkpointing"] = True
+    trainer = L.Trainer(devices=args.devices, strategy=strategy, **kwargs)
+    trainer.fit(model, loader(args.batch_size), loader(args.batch_size) if args.val else None, ckpt_path=args.resume)
     if trainer.is_global_zero:
         predictions = trainer.predict(model, loader(args.batch_size))
         torch.save(
-            {"losses": model.losses, "state_dict": model.state_dict(), "predictions": torch.cat(predictions),
+            {"losses": model.losses, "val_losses": model.val_losses, "state_dict": model.state_dict(),
+             "predictions": torch.cat(predictions), "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
              "stats": {k.label(0): v.as_list() for k, v in strategy.stats.links.items()}},
             args.out,
         )

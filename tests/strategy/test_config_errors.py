@@ -1,0 +1,99 @@
+"""Bad configurations fail in the launching process, before any other rank starts."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.strategies import StrategyRegistry
+from torch import nn
+
+from lightning_epipe import EPipeStrategy
+from tests.strategy.scenario import TinyNet, loader
+
+
+def _fit(model, devices=3, **strategy_kwargs):
+    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=EPipeStrategy(**strategy_kwargs),
+                        logger=False, enable_progress_bar=False, enable_model_summary=False, max_steps=1)
+    trainer.fit(model, loader(16))
+
+
+class NoSequential(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(compressor="zip"), "zip"),
+        (dict(compressor="sortquant", bits=1), "bits"),
+        (dict(compressor="sortquant", bits=8, compressor_kwargs={"split": 8}), "split"),
+        (dict(chunks=0), "chunks must be a positive integer"),
+        (dict(placement="ring"), "placement must be one of"),
+        (dict(nonfinite="ignore"), "nonfinite"),
+        (dict(timeout=5), "timedelta"),
+        (dict(balance="memory"), "balance must be"),
+    ],
+)
+def test_bad_arguments_raise_at_construction(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EPipeStrategy(**kwargs)
+
+
+def test_module_without_sequential():
+    with pytest.raises(ValueError, match="no nn.Sequential child"):
+        _fit(NoSequential())
+
+
+def test_balance_that_does_not_add_up():
+    with pytest.raises(ValueError, match=r"Sequential: 8, sum of balance: 7"):
+        _fit(TinyNet(), balance=[1, 2, 3, 1])
+
+
+def test_balance_with_the_wrong_number_of_stages():
+    with pytest.raises(ValueError, match="form 4 stages: give 4 numbers"):
+        _fit(TinyNet(), balance=[4, 4])
+
+
+def test_more_stages_than_layers():
+    with pytest.raises(ValueError, match="need 9 stages but TinyNet's Sequential has only 8 layers"):
+        _fit(TinyNet(), devices=8)
+
+
+def test_one_process():
+    with pytest.raises(ValueError, match="at least 2 processes"):
+        _fit(TinyNet(), devices=1)
+
+
+def test_per_cut_compressor_list_must_match_cuts():
+    with pytest.raises(ValueError, match="lists 2 compressors but the pipeline has 3 cuts"):
+        _fit(TinyNet(), compressor=["none", "fp16"])
+
+
+def test_registry_name_and_defaults():
+    assert "epipe" in StrategyRegistry
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="epipe", logger=False)
+    assert isinstance(trainer.strategy, EPipeStrategy)
+    assert trainer.strategy.chunks == 4
+
+
+def test_timeout_is_kept():
+    assert EPipeStrategy(timeout=timedelta(seconds=7))._timeout == timedelta(seconds=7)
+
+
+def test_lightning_cli_builds_the_strategy(tmp_path):
+    from lightning.pytorch.cli import LightningCLI
+
+    cli = LightningCLI(
+        TinyNet, run=False, save_config_callback=None,
+        args=["--trainer.accelerator=cpu", "--trainer.devices=3", "--trainer.logger=false",
+              "--trainer.strategy=lightning_epipe.EPipeStrategy", "--trainer.strategy.chunks=8",
+              "--trainer.strategy.compressor=sortquant", "--trainer.strategy.bits=8"],
+    )
+    strategy = cli.trainer.strategy
+    assert isinstance(strategy, EPipeStrategy) and strategy.chunks == 8
+    assert strategy._compressor_args[0] == "sortquant" and strategy._compressor_args[3]["bits"] == 8
