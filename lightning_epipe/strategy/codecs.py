@@ -71,7 +71,7 @@ class CodecBook:
     def __init__(self, activation: list[CodecSpec], gradient: list[CodecSpec]) -> None:
         self.specs = {"activation": activation, "gradient": gradient}
         self._streams: dict[tuple[str, int, int, int], Compressor] = {}
-        self.raw = get_compressor("none")
+        self.raw = get_compressor("none", check_finite=False)
 
     def get(self, direction: str, cut: int, slot: int, index: int, tensor: Optional[Tensor] = None) -> Compressor:
         """The compressor of a stream; integer/bool tensors always travel raw."""

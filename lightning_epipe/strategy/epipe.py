@@ -62,6 +62,31 @@ log = logging.getLogger(__name__)
 
 CompressorArg = Union[str, Compressor, Sequence[Union[str, Compressor]]]
 _GRAD_ENABLED = 1
+_RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
+
+
+def _set_collective_timeout(timeout: timedelta) -> None:
+    if hasattr(dist, "set_timeout"):
+        dist.set_timeout(timeout)
+    else:  # torch < 2.6
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(timeout)
+
+
+def _not_distributed() -> bool:
+    return False
+
+
+def _keep_metrics_local(module: nn.Module) -> None:
+    """torchmetrics would all-gather states over every rank; only the client updates them."""
+    try:
+        from torchmetrics import Metric
+    except ImportError:  # pragma: no cover - torchmetrics is a dependency
+        return
+    for m in module.modules():
+        if isinstance(m, Metric):
+            m.distributed_available_fn = _not_distributed
 
 
 class EPipeStrategy(ParallelStrategy):
@@ -158,6 +183,7 @@ class EPipeStrategy(ParallelStrategy):
         self._failed = False
         self._resume_state: Optional[dict[str, Any]] = None
         self._client_backup: dict[str, Tensor] = {}
+        self._skip_backward = False
 
     # ------------------------------------------------------------------ properties
 
@@ -272,7 +298,11 @@ class EPipeStrategy(ParallelStrategy):
         self.set_world_ranks()
         backend = self._process_group_backend or _get_default_process_group_backend_for_device(self.root_device)
         self._process_group_backend = backend
-        _init_dist_connection(self.cluster_environment, backend, timeout=self._timeout)
+        # Processes start at different speeds (imports, data set-up): the rendezvous gets at
+        # least the default 10 minutes; afterwards every collective is bounded by `timeout`.
+        _init_dist_connection(self.cluster_environment, backend, timeout=max(self._timeout, _RENDEZVOUS_TIMEOUT))
+        if self._timeout < _RENDEZVOUS_TIMEOUT:
+            _set_collective_timeout(self._timeout)
 
     def set_world_ranks(self) -> None:
         if self.cluster_environment is not None:
@@ -301,6 +331,7 @@ class EPipeStrategy(ParallelStrategy):
         self._plan, self._pipeline = plan, layers
         self._pipeline_attr = name
         self._release_foreign_layers(module, layers, plan)
+        _keep_metrics_local(module)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if trainer.state.fn == TrainerFn.FITTING:
@@ -409,10 +440,10 @@ class EPipeStrategy(ParallelStrategy):
             if loss is not None and self.nonfinite == "skip" and not bool(torch.isfinite(loss).all()):
                 rank_zero_warn(f"EPipeStrategy: the loss of step {runtime.step} is not finite; skipping the step on every rank")
                 output = None
-            if output is None:
+            if output is None:  # skipped on every rank, as on one device
                 runtime.discard()
                 runtime.command(Command.SKIP_STEP)
-                return None
+                return self._skipped_step_loss()
         else:
             runtime.discard()  # evaluation, or manual optimization whose backward already ran
         runtime.command(Command.FINISH_STEP)
@@ -440,7 +471,7 @@ class EPipeStrategy(ParallelStrategy):
                 optimizer.zero_grad()
             elif msg.command == Command.SKIP_STEP:
                 runtime.discard()
-                return None
+                return self._skipped_step_loss() if training and self.lightning_module.automatic_optimization else None
             elif msg.command == Command.FINISH_STEP:
                 if training and forwarded and self.lightning_module.automatic_optimization:
                     return torch.zeros((), device=self.root_device, requires_grad=True)
@@ -448,6 +479,12 @@ class EPipeStrategy(ParallelStrategy):
                 return None
             else:
                 raise RuntimeError(f"rank {self.global_rank}: unexpected command {msg.command.name}")
+
+    def _skipped_step_loss(self) -> Tensor:
+        """Lightning refuses ``None`` from a distributed training_step: return a zero loss
+        and let :meth:`backward` drop every gradient, so the optimizer updates nothing."""
+        self._skip_backward = True
+        return torch.zeros((), device=self.root_device, requires_grad=True)
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
@@ -470,6 +507,11 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def backward(self, closure_loss: Tensor, optimizer: Optional[Optimizer], *args: Any, **kwargs: Any) -> Tensor:
         runtime = self.runtime
+        if self._skip_backward:
+            self._skip_backward = False
+            for p in self.lightning_module.parameters():
+                p.grad = None
+            return closure_loss
         if not self.is_client:
             runtime.backward()  # automatic optimization: Lightning calls this right after training_step
             self._agree_on_nonfinite()

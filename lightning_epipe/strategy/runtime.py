@@ -233,8 +233,9 @@ class PipelineRuntime:
                 self.step,
                 mb,
             )
+        if not self.nonfinite_seen:
+            warnings.warn(f"{where}: the step will be skipped on every rank", RuntimeWarning, stacklevel=2)
         self.nonfinite_seen = True
-        warnings.warn(f"{where}: the step will be skipped on every rank", RuntimeWarning, stacklevel=2)
         return self.codecs.raw
 
     def _recv(self, kind: Kind, peer: int, cut: int, mb: int, grad: bool) -> tuple[list[Tensor], bool]:

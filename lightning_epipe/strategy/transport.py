@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_epipe.strategy.stats import PipelineStats
-from lightning_epipe.strategy.wire import HEADER_LEN, Header, WireError, checksum
+from lightning_epipe.strategy.wire import HEADER_LEN, Header, Kind, WireError, checksum
 
 __all__ = ["PeerError", "Transport", "Received"]
 
@@ -64,7 +64,7 @@ class Transport:
                 raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} {tuple(payload.shape)}")
             payload = payload.to(self.device).contiguous()
         header_t = header.to_tensor(self.device)
-        what = f"{header.kind}/step {header.step}/micro-batch {header.microbatch}"
+        what = f"{Kind(header.kind).name.lower()} of step {header.step}, micro-batch {header.microbatch}"
         self._post(dist.isend(header_t, dst=peer), (header_t,), peer, what)
         nbytes = HEADER_LEN * 8
         if payload is not None and payload.numel():

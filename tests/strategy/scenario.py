@@ -98,7 +98,7 @@ class InjectFault(L.Callback):
     def __init__(self, kind: str, rank: int, step: int) -> None:
         self.kind, self.rank, self.step = kind, rank, step
 
-    def setup(self, trainer, pl_module, stage):
+    def on_fit_start(self, trainer, pl_module):
         if trainer.global_rank != self.rank:
             return
         if self.kind in ("nan", "raise"):
@@ -189,11 +189,12 @@ def main() -> None:
         kwargs["enable_checkpointing"] = True
     trainer = L.Trainer(devices=args.devices, strategy=strategy, **kwargs)
     trainer.fit(model, loader(args.batch_size), loader(args.batch_size) if args.val else None, ckpt_path=args.resume)
+    callback_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.is_global_zero:
         predictions = trainer.predict(model, loader(args.batch_size))
         torch.save(
             {"losses": model.losses, "val_losses": model.val_losses, "state_dict": model.state_dict(),
-             "predictions": torch.cat(predictions), "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+             "predictions": torch.cat(predictions), "callback_metrics": callback_metrics,
              "stats": {k.label(0): v.as_list() for k, v in strategy.stats.links.items()}},
             args.out,
         )
