@@ -4,6 +4,7 @@ import sys
 
 import lightning as L
 import pytest
+import torch
 
 from examples.common import run_cli
 from examples.digits.data import DigitsDataModule
@@ -62,3 +63,30 @@ def test_digits_cli_fits_from_its_config(tmp_path, monkeypatch):
         DigitsClassifier, DigitsDataModule, ["fit", "--config", str(config), "--trainer.fast_dev_run=true"]
     )
     assert cli.trainer.state.finished
+
+
+def test_predict_returns_one_class_per_sample():
+    data = DigitsDataModule(batch_size=100)
+    data.setup("predict")
+    batches = _trainer().predict(DigitsClassifier(), dataloaders=data.test_dataloader())
+    assert [tuple(b.shape) for b in batches] == [(100,), (100,), (100,)]
+    assert all(int(b.min()) >= 0 and int(b.max()) < 10 for b in batches)
+
+
+@pytest.mark.parametrize("task, columns", [("rte", ("sentence1", "sentence2")), ("cola", ("sentence",))])
+def test_glue_encoding_feeds_the_task_columns_to_the_tokenizer(task, columns):
+    """The real path without a download: a stand-in tokenizer records what it was given."""
+    from datasets import Dataset
+
+    seen = []
+
+    def tokenizer(*texts, truncation, padding, max_length, return_tensors):
+        seen.append(texts)
+        ones = torch.ones(len(texts[0]), max_length, dtype=torch.long)
+        return {"input_ids": ones, "attention_mask": ones}
+
+    split = Dataset.from_dict({**{c: [f"{c} a", f"{c} b"] for c in columns}, "label": [1, 0], "idx": [0, 1]})
+    (input_ids, attention_mask), label = GlueDataModule(task, max_length=8)._encode(split, tokenizer)[0]
+
+    assert seen == [tuple([f"{c} a", f"{c} b"] for c in columns)]
+    assert input_ids.shape == attention_mask.shape == (8,) and int(label) == 1

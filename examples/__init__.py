@@ -1,0 +1,1 @@
+"""Runnable examples of ``lightning_epipe``: the report's experiments and the digits demo."""

@@ -1,0 +1,1 @@
+"""RoBERTa on GLUE RTE and CoLA: the report's language experiments."""

@@ -1,0 +1,137 @@
+"""EPipeMonitor in real 3-process trainings, checked against the bytes known tensors must take.
+
+``monitored_run.py`` trains 4 steps of 2 micro-batches of 16 rows (3 batches an epoch, so
+the run crosses an epoch boundary) and logs every 2 steps to a CSVLogger. Each message on a
+link is the transport header plus the codec packet of one [16, width] float32 tensor.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from lightning_epipe.compressors import get_compressor
+from lightning_epipe.strategy.wire import HEADER_LEN
+from tests.callbacks.monitored_run import BATCH, CHUNKS, STEPS
+from tests.helpers import ROOT, run_ranks
+
+SCRIPT = ROOT / "tests" / "callbacks" / "monitored_run.py"
+ROWS = BATCH // CHUNKS
+RUNS = {"client-server": [], "chain": ["--placement", "chain", "--validate"]}
+
+# link -> (codec, columns of the tensor it carries); client-server: none | sortquant 8 | none
+LINKS = {
+    "client-server": {
+        "activation/0->1": ("none", 256), "activation/1->2": ("sortquant", 128), "activation/2->0": ("none", 64),
+        "gradient/1->0": ("none", 256), "gradient/2->1": ("sortquant", 128), "gradient/0->2": ("none", 64),
+    },
+    "chain": {
+        "input/0->1": ("none", 32), "activation/1->2": ("sortquant", 256), "activation/2->0": ("sortquant", 128),
+        "gradient/2->1": ("sortquant", 256), "gradient/0->2": ("sortquant", 128),
+    },
+}
+
+
+def message_bytes(codec: str, columns: int) -> int:
+    kwargs = {"bits": 8} if codec == "sortquant" else {}
+    return HEADER_LEN * 8 + get_compressor(codec, **kwargs).encode(torch.randn(ROWS, columns)).nbytes
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Both runs at once (most of a run is process start-up)."""
+    outs = {name: tmp_path_factory.mktemp(name) for name in RUNS}
+    with ThreadPoolExecutor(len(RUNS)) as pool:
+        futures = [pool.submit(run_ranks, SCRIPT, "--out", outs[name], *args, timeout=180) for name, args in RUNS.items()]
+        for future in futures:
+            future.result()
+    results = {}
+    for name, out in outs.items():
+        result = json.loads((out / "result.json").read_text())
+        with open(out / "csv" / "version_0" / "metrics.csv") as f:
+            rows = [{k: float(v) for k, v in row.items() if v} for row in csv.DictReader(f)]
+        result["steps"] = [r for r in rows if any(k.startswith("epipe/") for k in r)]
+        result["epochs"] = [r for r in rows if any(k.startswith("epipe_epoch/") for k in r)]
+        result["out"] = out
+        results[name] = result
+    return results
+
+
+@pytest.mark.parametrize("placement", list(RUNS))
+def test_logged_bytes_are_header_plus_packet_per_message(runs, placement):
+    run = runs[placement]
+    validation = placement == "chain"  # one validation batch at the end of epoch 0: forward messages only
+    # log every 2 steps: batches 1-2 (epoch 0), then batch 4 (the window restarts at the epoch end)
+    step_batches = [2, 1]
+    epoch_batches = [3, 1]
+    assert [r["step"] for r in run["steps"]] == [1, 3] and [r["epoch"] for r in run["epochs"]] == [0, 1]
+    for label, (codec, columns) in LINKS[placement].items():
+        size = message_bytes(codec, columns)
+        forward = not label.startswith("gradient")
+        for row, batches in zip(run["steps"], step_batches):
+            assert row[f"epipe/bytes/{label}"] == size * CHUNKS * batches, label
+        for row, batches, val in zip(run["epochs"], epoch_batches, [validation, False]):
+            assert row[f"epipe_epoch/bytes/{label}"] == size * CHUNKS * (batches + (val and forward)), label
+        link = run["summary"]["links"][label]
+        messages = CHUNKS * (STEPS + (validation and forward))
+        assert link["messages"] == messages, label
+        assert link["bytes_sent"] == link["bytes_received"] == size * messages, label  # both ends, gathered
+
+
+@pytest.mark.parametrize("placement", list(RUNS))
+def test_summary_agrees_with_the_clients_transport_counters(runs, placement):
+    run = runs[placement]
+    assert run["client_links"], "rank 0 counted nothing"
+    for label, values in run["client_links"].items():
+        messages, nbytes, raw, _seconds, peak = values
+        link = run["summary"]["links"][label]
+        assert (link["messages"], link["bytes_sent"], link["raw_bytes"]) == (messages, nbytes, raw), label
+        if peak:  # rank 0 received on this link: its own peak
+            assert link["bandwidth_peak"] == pytest.approx(peak), label
+
+
+def test_ratio_is_slightly_above_one_without_compression_and_near_a_quarter_with_sortquant_8(runs):
+    run = runs["client-server"]
+    last = run["epochs"][-1]
+    for cut, codec in enumerate(["none", "sortquant", "none"]):
+        for kind in ("activation", "gradient"):
+            ratio = last[f"epipe_epoch/ratio/{kind}/cut{cut}"]
+            if codec == "none":
+                assert 1.0 < ratio < 1.05, (kind, cut, ratio)
+            else:
+                assert 0.25 <= ratio <= 0.3, (kind, cut, ratio)
+    links = run["summary"]["links"].values()
+    overall = sum(link["bytes_sent"] for link in links) / sum(link["raw_bytes"] for link in links)
+    assert run["summary"]["ratio"] == pytest.approx(overall)
+    assert runs["chain"]["summary"]["links"]["input/0->1"]["codec"] == "raw"
+    assert 1.0 < runs["chain"]["summary"]["links"]["input/0->1"]["ratio"] < 1.1
+    assert 0.25 <= runs["chain"]["summary"]["ratio"] <= 0.3  # the raw inputs are not in it
+
+
+@pytest.mark.parametrize("placement", list(RUNS))
+def test_throughput_bandwidth_and_bubble_are_measured(runs, placement):
+    run = runs[placement]
+    summary = run["summary"]
+    assert summary["batches"] == STEPS and summary["samples"] == STEPS * BATCH
+    assert summary["throughput_samples_per_s"] > 0 and summary["train_seconds"] <= summary["wall_seconds"]
+    for row in run["steps"]:
+        assert row["epipe/throughput_samples_per_s"] > 0 and row["epipe/throughput_batches_per_s"] > 0
+    for label, link in summary["links"].items():
+        assert link["bandwidth_avg"] > 0 and link["bandwidth_peak"] > 0, label  # peaks come from every receiver
+        assert link["bandwidth_avg"] == pytest.approx(link["bytes_sent"] / summary["wall_seconds"])
+    for stage in summary["stages"].values():
+        assert stage["compute_s"] > 0
+    for rank in summary["ranks"].values():
+        assert rank["wait_s"] > 0 and 0 < rank["bubble"] < 1
+    assert set(run["progress_bar"]) >= {"samples/s", "wire/raw"}
+    assert math.isclose(run["progress_bar"]["wire/raw"], run["steps"][-1]["epipe/ratio"], rel_tol=1e-6)
+    assert "samples/s" in run["table"] and "activation/" in run["table"]
+
+
+def test_tensorboard_logger_gets_the_metrics_too(runs):
+    assert list((runs["chain"]["out"] / "tb").rglob("events.out.tfevents.*"))
