@@ -16,6 +16,8 @@ Lightning glue only: planning lives in ``partition``/``schedule``, the wire in
 from __future__ import annotations
 
 import logging
+import time
+import warnings
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path, PurePath
@@ -332,6 +334,8 @@ class EPipeStrategy(ParallelStrategy):
         self._pipeline_attr = name
         self._release_foreign_layers(module, layers, plan)
         _keep_metrics_local(module)
+        # one replica: epoch-level logging has nothing to sync across ranks
+        warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level.*")
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         if trainer.state.fn == TrainerFn.FITTING:
@@ -520,7 +524,9 @@ class EPipeStrategy(ParallelStrategy):
             if not runtime.has_pending_backward:
                 raise RuntimeError("manual_backward() needs a pipelined forward in the same training_step")
             runtime.command(Command.BACKWARD)
-        closure_loss = super().backward(closure_loss, optimizer, *args, **kwargs)
+        start = time.perf_counter()
+        closure_loss = super().backward(closure_loss, optimizer, *args, **kwargs)  # loss and last stage
+        self.stats.add_compute(self.plan.num_stages - 1, time.perf_counter() - start)
         runtime.backward()
         self._agree_on_nonfinite()
         return closure_loss

@@ -108,7 +108,7 @@ class PipelineRuntime:
 
     def next_command(self) -> ControlMessage:
         """Server only: wait for the client's next command."""
-        got = self.transport.recv(0, f"the client's next command after step {self.step}", kind=Kind.CONTROL)
+        got = self.transport.recv(0, f"the client's next command after step {self.step}", idle=True, kind=Kind.CONTROL)
         h = got.header
         if h.arg not in Command._value2member_map_:
             raise WireError(f"{self.transport.link(0, False)}: unknown command {h.arg}")

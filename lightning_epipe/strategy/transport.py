@@ -75,11 +75,13 @@ class Transport:
     def _post(self, work: dist.Work, keep: tuple[Tensor, ...], peer: int, what: str) -> None:
         self._pending.append((work, keep, peer, what))
 
-    def recv(self, peer: int, what: str, **expect: int) -> Received:
-        """Receive the next message from ``peer``; its header must match ``expect``."""
+    def recv(self, peer: int, what: str, idle: bool = False, **expect: int) -> Received:
+        """Receive the next message from ``peer``; its header must match ``expect``.
+
+        ``idle``: waiting for it is time between steps, not pipeline wait (not counted)."""
         link = self.link(peer, outgoing=False)
         header_t = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-        self._wait(dist.irecv(header_t, src=peer), peer, what, blocking=True)
+        self._wait(dist.irecv(header_t, src=peer), peer, what, blocking=not idle)
         arrived = time.perf_counter()
         header = Header.from_tensor(header_t.cpu(), link)
         header.expect(link, **expect)

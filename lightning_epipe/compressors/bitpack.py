@@ -1,0 +1,143 @@
+"""Exact bit packing: N codes of ``width`` bits take ``ceil(N * width / 8)`` bytes.
+
+Layout (the wire format of every packed code array), for ``width = 8 * F + R``:
+
+- F byte planes: plane p holds byte p of every code (N bytes each).
+- then, if R > 0, the top R bits of every code: groups of ``G = 8 / gcd(R, 8)`` codes
+  fill ``G * R / 8`` bytes exactly, code i of a group at bit ``i * R`` of the
+  little-endian group; the last group is zero-padded and its unused bytes are not sent.
+
+So 12-bit codes cost 1.5 bytes each: N low bytes, then N nibbles. The layout is split at
+any code position that is a multiple of 8, which lets callers pack and unpack chunk by
+chunk (``pack_into``, ``unpack_range``) while the codes are still in cache. Vectorized: a
+Python loop runs over the planes and the (at most 8) columns of a group, never over codes.
+
+Example:
+    >>> codes = torch.tensor([1, 2, 3, 4, 5])
+    >>> packed = pack(codes, 3)
+    >>> packed.numel(), unpack(packed, 3, 5).tolist()
+    (2, [1, 2, 3, 4, 5])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .chunks import chunks
+
+__all__ = ["pack", "unpack", "pack_into", "unpack_range", "packed_nbytes", "MAX_WIDTH"]
+
+MAX_WIDTH = 32
+
+
+def packed_nbytes(count: int, width: int) -> int:
+    """Bytes that ``count`` codes of ``width`` bits take."""
+    return (count * width + 7) // 8
+
+
+def pack(codes: torch.Tensor, width: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """codes: [N] integers in [0, 2**width) -> [packed_nbytes(N, width)] uint8, same device.
+
+    Values outside the range lose their high bits; callers clamp first. ``out``: a
+    [packed_nbytes(N, width)] uint8 tensor to write into (e.g. a slice of a payload).
+    """
+    _check_width(width)
+    codes = codes.reshape(-1)
+    count = codes.numel()
+    if out is None:
+        out = torch.empty(packed_nbytes(count, width), dtype=torch.uint8, device=codes.device)
+    elif out.numel() != packed_nbytes(count, width):
+        raise ValueError(f"out has {out.numel()} bytes; {count} codes of {width} bits take "
+                         f"{packed_nbytes(count, width)}")
+    for start, stop in chunks(count, codes.device):
+        pack_into(codes[start:stop], width, out, start, count)
+    return out
+
+
+def unpack(data: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """data: [packed_nbytes(count, width)] uint8 -> [count] int32 (int64 for width 32)."""
+    _check_width(width)
+    if data.dim() != 1 or data.numel() != packed_nbytes(count, width):
+        raise ValueError(f"{count} codes of {width} bits take {packed_nbytes(count, width)} "
+                         f"bytes, got {data.numel()}")
+    out = torch.empty(count, dtype=_code_dtype(width), device=data.device)
+    for start, stop in chunks(count, data.device):
+        out[start:stop] = unpack_range(data, width, count, start, stop)
+    return out
+
+
+def pack_into(codes: torch.Tensor, width: int, out: torch.Tensor, start: int,
+              count: int) -> None:
+    """Write the codes at positions [start, start + len(codes)) of an array of ``count``.
+
+    codes: [k] integers; out: [packed_nbytes(count, width)] uint8; start: a multiple of 8.
+    """
+    stop = start + codes.numel()
+    planes, rest = divmod(width, 8)
+    for p in range(planes):
+        plane = codes if p == 0 and codes.dtype == torch.uint8 else (codes >> (8 * p)) & 0xFF
+        out[p * count + start: p * count + stop] = plane
+    if rest:
+        top = codes >> (8 * planes) if planes else codes
+        group, group_bytes, word_dtype = _layout(rest)
+        cols = _pad(top.to(word_dtype), group).view(-1, group)
+        word = cols[:, 0].clone()
+        for i in range(1, group):
+            word |= cols[:, i] << (i * rest)
+        if group_bytes > 1:
+            word = torch.stack([(word >> (8 * j)) & 0xFF for j in range(group_bytes)], dim=1)
+        base = planes * count + start * rest // 8
+        out[base: planes * count + packed_nbytes(stop, rest)] = (
+            word.reshape(-1)[: packed_nbytes(stop - start, rest)])
+
+
+def unpack_range(data: torch.Tensor, width: int, count: int, start: int,
+                 stop: int) -> torch.Tensor:
+    """The codes at positions [start, stop) (start a multiple of 8) of ``count`` packed codes.
+
+    data: [packed_nbytes(count, width)] uint8 -> [stop - start] int32 (int64 for width 32).
+    """
+    out_dtype = _code_dtype(width)
+    planes, rest = divmod(width, 8)
+    codes = None
+    for p in range(planes):
+        plane = data[p * count + start: p * count + stop].to(out_dtype)
+        codes = plane if codes is None else codes.bitwise_or_(plane << (8 * p))
+    if rest:
+        group, group_bytes, word_dtype = _layout(rest)
+        segment = data[planes * count + start * rest // 8: planes * count
+                       + packed_nbytes(stop, rest)]
+        cols = _pad(segment, group_bytes).view(-1, group_bytes).to(word_dtype)
+        word = cols[:, 0].clone()
+        for j in range(1, group_bytes):
+            word |= cols[:, j] << (8 * j)
+        mask = (1 << rest) - 1
+        top = torch.stack([(word >> (i * rest)) & mask for i in range(group)], dim=1)
+        top = top.reshape(-1)[: stop - start].to(out_dtype)
+        codes = top if codes is None else codes.bitwise_or_(top << (8 * planes))
+    return codes
+
+
+def _code_dtype(width: int) -> torch.dtype:
+    return torch.int64 if width > 31 else torch.int32
+
+
+def _layout(width: int) -> tuple[int, int, torch.dtype]:
+    """(codes per group, bytes per group, integer dtype holding a group) for width < 8."""
+    group = 8 // math.gcd(width, 8)
+    bits = group * width
+    word_dtype = torch.uint8 if bits <= 8 else torch.int32 if bits < 32 else torch.int64
+    return group, bits // 8, word_dtype
+
+
+def _pad(t: torch.Tensor, multiple: int) -> torch.Tensor:
+    """t: [N] -> [ceil(N / multiple) * multiple], zero-padded at the end."""
+    extra = -t.numel() % multiple
+    return torch.cat([t, t.new_zeros(extra)]) if extra else t
+
+
+def _check_width(width: int) -> None:
+    if isinstance(width, bool) or not isinstance(width, int) or not 1 <= width <= MAX_WIDTH:
+        raise ValueError(f"width must be an integer in 1..{MAX_WIDTH}, got {width!r}")

@@ -1,0 +1,160 @@
+"""``topk``: keep the largest-magnitude fraction, send their values and positions.
+
+Payload (little-endian):
+
+    [dense u8][value_bits u8][index_bits u8][0 u8][k uint32]
+    | values: k raw values of the tensor's dtype, or (value_bits > 0) a one-bucket levels
+      payload (``quantize``) of k codes
+    | positions: k indices of ``index_bits = bit_length(N - 1)`` bits, packed (sparse only)
+
+``k = ceil(fraction * N)``. When k values and positions would cost at least as much as
+all N values sent the same way, all N are sent instead (``dense``, k = N, no positions),
+with a warning once per stream: it is smaller and exact.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import warnings
+
+import torch
+
+from .base import Compressor, check_int
+from .bitpack import pack, packed_nbytes, unpack
+from .levels import levels_nbytes, lookup, read_levels, strided_sample
+from .packet import Packet, bytes_as
+from .quantize import encode_uniform
+from .registry import register_compressor
+
+__all__ = ["TopK"]
+
+_PREFIX = struct.Struct("<BBBBI")
+#: Magnitudes sampled to pick a candidate threshold before the exact top-k.
+SAMPLE = 1 << 16
+
+
+@register_compressor
+class TopK(Compressor):
+    """The ``fraction`` of entries largest in magnitude; the rest decode to zero.
+
+    ``bits`` (2..16) quantizes the kept values uniformly (top-k then quantize, as in the
+    report); None sends them in the tensor's dtype.
+
+    Example:
+        >>> c = TopK(fraction=0.25)
+        >>> x = torch.tensor([0.1, -3.0, 0.2, 2.0, 0.0, 0.3, -0.1, 0.05])
+        >>> c.decode(c.encode(x)).tolist()
+        [0.0, -3.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0]
+    """
+
+    name = "topk"
+    codec_id = 5
+
+    def __init__(self, *, fraction: float = 0.1, bits: int | None = None,
+                 check_finite: bool = True) -> None:
+        super().__init__(check_finite=check_finite)
+        if (isinstance(fraction, bool) or not isinstance(fraction, (int, float))
+                or not 0 < fraction <= 1):
+            raise ValueError(f"{self.name}: fraction must be a number in (0, 1], the share "
+                             f"of entries kept, got {fraction!r}")
+        self.fraction = fraction
+        self.bits = None if bits is None else check_int(self.name, "bits", bits, 2, 16,
+                                                        " or None (values unquantized)")
+        self._warned_dense = False
+
+    def _encode(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1)
+        count = flat.numel()
+        if count >= 1 << 32:
+            raise ValueError(f"{self.name} sends positions as uint32: {count} elements is "
+                             "too many; split the tensor")
+        self._check_finite(flat)
+        k = min(count, math.ceil(self.fraction * count))
+        index_bits = max(1, (count - 1).bit_length())
+        sparse_nbytes = self._values_nbytes(k, x.dtype) + packed_nbytes(k, index_bits)
+        dense_nbytes = self._values_nbytes(count, x.dtype)
+        if sparse_nbytes < dense_nbytes:
+            positions = _largest(flat, k)
+            return torch.cat([self._prefix(False, k, index_bits, x.device),
+                              self._values(flat[positions]), pack(positions, index_bits)])
+        if not self._warned_dense and k < count:
+            warnings.warn(f"{self.name}(fraction={self.fraction}): {k} of {count} values with "
+                          f"{index_bits}-bit positions cost {sparse_nbytes} bytes, no less "
+                          f"than all {count} values ({dense_nbytes} bytes); sending all. "
+                          "Lower the fraction to compress.", stacklevel=3)
+            self._warned_dense = True
+        return torch.cat([self._prefix(True, count, index_bits, x.device), self._values(flat)])
+
+    def _decode(self, packet: Packet) -> torch.Tensor:
+        payload, count, dtype = packet.payload, packet.shape.numel(), packet.dtype
+        self._expect(packet, payload.numel() >= _PREFIX.size,
+                     f"shorter than the {_PREFIX.size}-byte prefix")
+        dense, value_bits, index_bits, pad, k = _PREFIX.unpack(
+            bytes(payload[:_PREFIX.size].tolist()))
+        expected_index_bits = max(1, (count - 1).bit_length())
+        self._expect(packet, dense in (0, 1) and pad == 0 and index_bits == expected_index_bits
+                     and (value_bits == 0 or 2 <= value_bits <= 16)
+                     and (k == count if dense else 1 <= k <= count),
+                     f"prefix says dense={dense} value_bits={value_bits} "
+                     f"index_bits={index_bits} k={k} (pad {pad}); expected index_bits="
+                     f"{expected_index_bits}, value_bits 0 or 2..16, k in 1..{count}")
+        values_nbytes = k * dtype.itemsize if value_bits == 0 else levels_nbytes(k, value_bits, 0)
+        index_nbytes = 0 if dense else packed_nbytes(k, index_bits)
+        expected = _PREFIX.size + values_nbytes + index_nbytes
+        self._expect(packet, payload.numel() == expected,
+                     f"{k} values and {0 if dense else k} positions take {expected} bytes")
+        segment = payload[_PREFIX.size:_PREFIX.size + values_nbytes]
+        if value_bits == 0:
+            values = bytes_as(segment, dtype).clone()
+        else:
+            inner = Packet(self.codec_id, dtype, torch.Size([k]), segment)
+            values = lookup(read_levels(self, inner), k, dtype)
+        if dense:
+            return values.reshape(packet.shape)
+        positions = unpack(payload[_PREFIX.size + values_nbytes:], index_bits, k).long()
+        self._expect(packet, int(positions.max()) < count,
+                     f"a position is {int(positions.max())}, beyond {count} elements")
+        out = torch.zeros(count, dtype=dtype, device=payload.device)
+        out[positions] = values
+        return out.reshape(packet.shape)
+
+    def _prefix(self, dense: bool, k: int, index_bits: int, device: torch.device) -> torch.Tensor:
+        head = _PREFIX.pack(dense, self.bits or 0, index_bits, 0, k)
+        return torch.frombuffer(bytearray(head), dtype=torch.uint8).to(device)
+
+    def _values(self, values: torch.Tensor) -> torch.Tensor:
+        """[k] values -> their bytes: raw, or a levels payload when ``bits`` is set."""
+        if self.bits is None:
+            return values.reshape(-1).view(torch.uint8)
+        return encode_uniform(self, values, self.bits)
+
+    def _values_nbytes(self, count: int, dtype: torch.dtype) -> int:
+        return count * dtype.itemsize if self.bits is None else levels_nbytes(count, self.bits, 0)
+
+
+def _largest(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the k entries of largest magnitude: [N] -> [k] int64, deterministic.
+
+    A threshold from a strided sample keeps a few more than k candidates (4 standard
+    deviations of the sample count), and the surplus smallest of those are dropped: a few
+    times cheaper than a full ``topk`` over N on CPU. If sampling misjudged and fewer than
+    k pass the threshold, the full ``topk`` runs instead.
+    """
+    magnitude = flat.abs()
+    count = flat.numel()
+    sample = strided_sample(magnitude, SAMPLE)
+    m = sample.numel()
+    expected = k * m / count
+    keep = min(m, math.ceil(expected + 4 * math.sqrt(expected) + 8))
+    threshold = sample.kthvalue(m - keep + 1).values       # the keep-th largest of the sample
+    candidates = (magnitude >= threshold).nonzero().squeeze(1)
+    surplus = candidates.numel() - k
+    if surplus < 0:
+        return magnitude.topk(k, sorted=False).indices
+    if surplus:
+        dropped = magnitude[candidates].topk(surplus, largest=False).indices
+        kept = torch.ones_like(candidates, dtype=torch.bool)
+        kept[dropped] = False
+        candidates = candidates[kept]
+    return candidates
