@@ -164,11 +164,13 @@ def main() -> None:
     p.add_argument("--fault", default=None, choices=["kill", "stall", "raise", "nan", "corrupt", "misorder"])
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=2)
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--start-method", default="popen")
     args = p.parse_args()
 
     strategy = EPipeStrategy(
         chunks=args.chunks, compressor=args.compressor, bits=args.bits, placement=args.placement,
-        timeout=timedelta(seconds=args.timeout), nonfinite=args.nonfinite,
+        timeout=timedelta(seconds=args.timeout), nonfinite=args.nonfinite, start_method=args.start_method,
     )
     model = TinyNet(optimizer=args.optimizer, manual=args.manual)
     callbacks = []
@@ -187,9 +189,12 @@ def main() -> None:
         kwargs.update(limit_val_batches=None, num_sanity_val_steps=2)
     if args.ckpt_dir:
         kwargs["enable_checkpointing"] = True
-    trainer = L.Trainer(devices=args.devices, strategy=strategy, **kwargs)
+    trainer = L.Trainer(devices=args.devices, strategy=strategy, precision=args.precision, **kwargs)
     trainer.fit(model, loader(args.batch_size), loader(args.batch_size) if args.val else None, ckpt_path=args.resume)
     callback_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if args.start_method != "popen":  # the launching process is not a rank: it gets rank 0's weights back
+        torch.save({"state_dict": model.state_dict()}, args.out)
+        return
     if trainer.is_global_zero:
         predictions = trainer.predict(model, loader(args.batch_size))
         torch.save(
