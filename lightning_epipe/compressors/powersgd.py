@@ -69,19 +69,18 @@ class PowerSGD(Compressor):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         b, m, n = matrix_shape(x.shape)
-        if self.rank > min(m, n):
-            raise ValueError(f"{self.name}: rank {self.rank} is larger than the matrix: x of "
-                             f"shape {list(x.shape)} is compressed as {b} matrices of {m} x "
-                             f"{n}, so rank can be at most {min(m, n)}")
+        # A small (e.g. the last) micro-batch can have fewer rows than the rank: then the
+        # factors are full rank and exact; the rank used travels in the prefix.
+        rank = min(self.rank, m, n)
         self._check_finite(x)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         matrix = x.reshape(b, m, n).to(work)
         q = self._q
-        if q is not None and q.shape == (b, n, self.rank):
+        if q is not None and q.shape == (b, n, rank):
             q = q.to(device=x.device, dtype=work)
         else:
             generator = torch.Generator(device=x.device).manual_seed(_SEED)
-            q = torch.randn(b, n, self.rank, generator=generator, device=x.device, dtype=work)
+            q = torch.randn(b, n, rank, generator=generator, device=x.device, dtype=work)
         for _ in range(self.iterations):
             p = torch.linalg.qr(matrix @ q).Q      # [B, m, r], orthonormal columns
             q = matrix.transpose(1, 2) @ p         # [B, n, r]
@@ -89,7 +88,7 @@ class PowerSGD(Compressor):
         wire = x.dtype
         if wire == torch.float16 and float(q.abs().max()) > torch.finfo(torch.float16).max:
             wire = torch.float32
-        head = _PREFIX.pack(DTYPE_CODES[wire], 0, 0, 0, self.rank)
+        head = _PREFIX.pack(DTYPE_CODES[wire], 0, 0, 0, rank)
         return torch.cat([torch.frombuffer(bytearray(head), dtype=torch.uint8).to(x.device),
                           p.to(wire).reshape(-1).view(torch.uint8),
                           q.to(wire).reshape(-1).view(torch.uint8)])

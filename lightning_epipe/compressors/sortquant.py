@@ -11,13 +11,13 @@ Two ways to find the buckets (``boundaries``):
 
 - ``"exact"``: a stable sort; bucket k holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``,
   so counts differ by at most one even with ties, and bucket k spans
-  ``[min_k, max_k]`` with ``2**Q`` levels: ``|x - y| <= step_k / 2``. About 45x the time
-  of uniform quantization on CPU (the sort).
+  ``[min_k, max_k]`` with ``2**Q`` levels: ``|x - y| <= step_k / 2``. 60-130x the time
+  of uniform quantization on 2 CPU cores (the sort; ``benchmarks/compressors.py``).
 - ``"estimated"`` (default): no sort. A uniform grid of ``GRID`` cells spans
   [min, max]; a histogram of a strided sample of ``SAMPLE`` elements on that grid puts
   each of the K-1 boundaries on the grid line nearest (in rank) to its quantile. Each
   element then finds its bucket and code by one multiply-add, a lookup in a per-cell
-  table and one more multiply-add: about 3x the time of uniform quantization, with
+  table and one more multiply-add: 2-4x the time of uniform quantization, with
   relative error within a few percent of exact (often below). Buckets are contiguous
   here: bucket k spans ``[edge_k, edge_{k+1}]`` with ``2**Q`` steps (the last with
   ``2**Q - 1``, ending on max), so an element rounding up lands on code 0 of the next

@@ -306,13 +306,15 @@ class PipelineRuntime:
         meta = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
         n = len(tensors) + 1
         header = Header(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.NONE, meta.numel(), checksum(meta))
-        self.transport.send(peer, header, meta)
+        nbytes = self.transport.send(peer, header, meta)
+        self.stats.link(LinkKey("send", peer, "input")).add(nbytes, 0)
         for j, t in enumerate(tensors, start=1):
             self._send_one(Kind.INPUT, peer, 0, i, j, n, t.detach(), Flag.NONE)
 
     def _recv_input(self, i: int) -> Batch:
         what = f"input of step {self.step}, micro-batch {i}"
         got = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=0)
+        self.stats.link(LinkKey("recv", 0, "input")).add(got.nbytes, 0)
         try:
             layout = json.loads(bytes(got.payload.cpu().numpy()).decode())
         except (ValueError, AttributeError) as err:

@@ -60,7 +60,8 @@ def test_chunks_compose(width, monkeypatch):
 def test_pack_into_a_given_buffer():
     out = torch.zeros(10, dtype=torch.uint8)
     pack(torch.arange(16), 4, out=out[2:])
-    assert out[:2].tolist() == [0, 0] and torch.equal(unpack(out[2:], 4, 16), torch.arange(16).int())
+    assert out[:2].tolist() == [0, 0]
+    assert torch.equal(unpack(out[2:], 4, 16), torch.arange(16).int())
     with pytest.raises(ValueError, match="out has 3 bytes"):
         pack(torch.arange(16), 4, out=out[:3])
 

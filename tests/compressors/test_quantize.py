@@ -37,7 +37,8 @@ def test_ends_and_constants_are_exact(bits):
 def test_nbytes_formula(bits, shape):
     x = sample(shape, torch.float32)
     n = x.numel()
-    assert Quantize(bits=bits).encode(x).nbytes == header_nbytes(len(shape)) + 4 + 8 + -(-n * bits // 8)
+    expected = header_nbytes(len(shape)) + 4 + 8 + -(-n * bits // 8)
+    assert Quantize(bits=bits).encode(x).nbytes == expected
 
 
 @pytest.mark.parametrize("bits", [1, 17, 8.0, None, True])

@@ -30,12 +30,14 @@ def test_killed_server_fails_the_client_fast(tmp_path):
     assert "PeerError" in out and "rank 2" in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_stalled_server_times_out(tmp_path):
     code, out, seconds = _run_fault("stall", tmp_path=tmp_path)
     assert code != 0
     assert "PeerError" in out and f"sent nothing for 0:00:0{TIMEOUT}" in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_server_raising_in_its_stage(tmp_path):
     code, out, _ = _run_fault("raise", rank=1, tmp_path=tmp_path)
     assert code != 0
@@ -49,6 +51,7 @@ def test_corrupted_payload_is_rejected_with_the_link(tmp_path):
     assert "WireError" in out and "link rank 1 -> rank 2" in out and "checksum mismatch" in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_out_of_order_message_is_rejected(tmp_path):
     code, out, _ = _run_fault("misorder", rank=1, tmp_path=tmp_path)
     assert code != 0
@@ -65,5 +68,6 @@ def test_nan_skip_skips_the_step_on_every_rank(tmp_path):
     code, out, _ = _run_fault("nan", "--nonfinite", "skip", rank=1, tmp_path=tmp_path)
     assert code == 0, out[-3000:]
     result = torch.load(tmp_path / "r.pt", weights_only=False)
+    losses = torch.tensor(result["losses"])
+    assert len(losses) == 5 and torch.isnan(losses[2]) and torch.isfinite(losses[[0, 1, 3, 4]]).all()
     assert all(torch.isfinite(v).all() for v in result["state_dict"].values())
-    assert "the step will be skipped" in out or "skipping the step" in out
