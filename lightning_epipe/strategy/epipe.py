@@ -288,6 +288,12 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def _configure_launcher(self) -> None:
         assert self.cluster_environment is not None
+        device_type = self.parallel_devices[0].type if self.parallel_devices else "cpu"
+        if self._process_group_backend == "nccl" and device_type != "cuda":
+            raise ValueError(
+                f"process_group_backend='nccl' needs CUDA devices but the accelerator gives {device_type!r}:"
+                " leave process_group_backend unset (gloo on CPU, NCCL on CUDA) or use accelerator='gpu'"
+            )
         if self._start_method == "popen":
             self._launcher = ScriptLauncher(self, self.cluster_environment, self.num_processes, self.num_nodes)
         else:

@@ -166,6 +166,7 @@ def main() -> None:
     p.add_argument("--fault-step", type=int, default=2)
     p.add_argument("--precision", default="32-true")
     p.add_argument("--start-method", default="popen")
+    p.add_argument("--num-nodes", type=int, default=1)
     args = p.parse_args()
 
     strategy = EPipeStrategy(
@@ -189,7 +190,7 @@ def main() -> None:
         kwargs.update(limit_val_batches=None, num_sanity_val_steps=2)
     if args.ckpt_dir:
         kwargs["enable_checkpointing"] = True
-    trainer = L.Trainer(devices=args.devices, strategy=strategy, precision=args.precision, **kwargs)
+    trainer = L.Trainer(devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, precision=args.precision, **kwargs)
     trainer.fit(model, loader(args.batch_size), loader(args.batch_size) if args.val else None, ckpt_path=args.resume)
     callback_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if args.start_method != "popen":  # the launching process is not a rank: it gets rank 0's weights back

@@ -81,6 +81,11 @@ def test_registry_name_and_defaults():
     assert trainer.strategy.chunks == 4
 
 
+def test_nccl_on_cpu_is_refused_before_launch():
+    with pytest.raises(ValueError, match="process_group_backend='nccl' needs CUDA devices"):
+        L.Trainer(accelerator="cpu", devices=2, strategy=EPipeStrategy(process_group_backend="nccl"), logger=False)
+
+
 def test_timeout_is_kept():
     assert EPipeStrategy(timeout=timedelta(seconds=7))._timeout == timedelta(seconds=7)
 
