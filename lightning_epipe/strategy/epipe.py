@@ -253,13 +253,6 @@ class EPipeStrategy(ParallelStrategy):
         gradient = resolve_specs(grad if grad is not None else compressor, kwargs, num_cuts, "gradient_compressor")
         return CodecBook(activation, gradient)
 
-    def _balance_for(self, layers: nn.Sequential) -> list[int]:
-        if isinstance(self.balance, list):
-            return self.balance
-        if self.balance == "time":
-            raise RuntimeError("balance='time' is measured during setup")  # handled in setup()
-        return balance_by_parameters(layers, self.world_size, self.placement)
-
     def check_model(self, model: LightningModule) -> PipelinePlan:
         """Validate the module against this configuration; raises before any process starts."""
         world = self.world_size
@@ -275,10 +268,12 @@ class EPipeStrategy(ParallelStrategy):
                 f"{world} processes with placement={self.placement!r} need {stages} stages but"
                 f" {type(model).__name__}'s Sequential has only {len(layers)} layers: use fewer devices or more layers"
             )
-        if self.balance == "time":
+        if isinstance(self.balance, list):
+            balance = self.balance
+        elif self.balance == "parameters":
+            balance = balance_by_parameters(layers, world, self.placement)
+        else:  # "time" is measured in setup(); any valid split checks the rest now
             balance = [1] * (stages - 1) + [len(layers) - stages + 1]
-        else:
-            balance = self._balance_for(layers)
         plan = plan_pipeline(len(layers), world, balance, self.placement)
         self._check_compressors(plan.num_cuts)
         return plan
