@@ -3,7 +3,6 @@
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
 from lightning.pytorch import LightningDataModule, LightningModule
 
@@ -50,11 +49,3 @@ def load_yaml(path: Path) -> dict:
 def uses_epipe(config: dict) -> bool:
     strategy = config["trainer"].get("strategy")
     return isinstance(strategy, dict) and strategy.get("class_path") == EPIPE_CLASS_PATH
-
-
-def require_epipe() -> None:
-    """Skip the calling test while ``lightning_epipe.EPipeStrategy`` cannot be imported."""
-    try:
-        from lightning_epipe import EPipeStrategy  # noqa: F401
-    except ImportError as err:
-        pytest.skip(f"lightning_epipe.EPipeStrategy is not importable: {err}")

@@ -7,7 +7,7 @@ from transformers import RobertaConfig
 
 from examples.common import run_cli
 from examples.mobilenet.model import mobilenet_layers
-from tests.examples.helpers import ALL_CONFIGS, config_id, load_yaml, require_epipe, uses_epipe
+from tests.examples.helpers import ALL_CONFIGS, config_id, load_yaml, uses_epipe
 
 EPIPE_CONFIGS = [case for case in ALL_CONFIGS if uses_epipe(load_yaml(case[1]))]
 
@@ -26,9 +26,6 @@ def test_config_parses_and_instantiates(case, tmp_path, monkeypatch):
     """The CLI builds the trainer, its strategy (which checks the compressor arguments), the
     model and the data from the config, with the offline stand-ins for downloads."""
     example, path = case
-    config = load_yaml(path)
-    if uses_epipe(config):
-        require_epipe()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["main.py"])
 
@@ -37,7 +34,7 @@ def test_config_parses_and_instantiates(case, tmp_path, monkeypatch):
 
     assert isinstance(cli.model, example.model_class)
     assert cli.model.hparams.num_classes == cli.datamodule.num_classes
-    if uses_epipe(config):
+    if uses_epipe(load_yaml(path)):
         assert type(cli.trainer.strategy).__name__ == "EPipeStrategy"
 
 

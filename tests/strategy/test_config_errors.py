@@ -6,7 +6,6 @@ from datetime import timedelta
 
 import lightning as L
 import pytest
-import torch
 from lightning.pytorch.strategies import StrategyRegistry
 from torch import nn
 

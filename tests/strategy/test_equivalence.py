@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers import ROOT, run_ranks
-from tests.strategy.scenario import TinyNet, loader, reference
+from tests.strategy.scenario import loader, reference
 
 SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 
