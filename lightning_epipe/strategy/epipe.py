@@ -108,6 +108,8 @@ class EPipeStrategy(ParallelStrategy):
         pipeline: attribute name of the ``nn.Sequential`` (default: the only one).
         placement: ``"client-server"`` (rank 0 runs the first and last stage) or ``"chain"``.
         nonfinite: ``"raise"`` stops on NaN/Inf crossing a cut, ``"skip"`` skips that step on every rank.
+        checkpoint: activation recomputation per stage (torchgpipe's): ``"always"``,
+            ``"except_last"`` (all micro-batches but the last) or ``"never"``.
         timeout: bound on every wait for a peer (and the process group's collectives).
         start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         verify_checksum: CRC32 every CPU payload.
@@ -133,6 +135,7 @@ class EPipeStrategy(ParallelStrategy):
         pipeline: Optional[str] = None,
         placement: Literal["client-server", "chain"] = "client-server",
         nonfinite: Literal["raise", "skip"] = "raise",
+        checkpoint: Literal["always", "except_last", "never"] = "never",
         timeout: timedelta = timedelta(minutes=10),
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         process_group_backend: Optional[str] = None,
@@ -154,6 +157,8 @@ class EPipeStrategy(ParallelStrategy):
             raise ValueError(f"chunks must be a positive integer (micro-batches per batch), got {chunks!r}")
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+        if checkpoint not in ("always", "except_last", "never"):
+            raise ValueError(f"checkpoint must be 'always', 'except_last' or 'never', got {checkpoint!r}")
         if nonfinite not in ("raise", "skip"):
             raise ValueError(f"nonfinite must be 'raise' or 'skip', got {nonfinite!r}")
         if not isinstance(timeout, timedelta) or timeout.total_seconds() <= 0:
@@ -163,6 +168,7 @@ class EPipeStrategy(ParallelStrategy):
         self.chunks = chunks
         self.placement = placement
         self.nonfinite = nonfinite
+        self.checkpoint = checkpoint
         self.balance = list(balance) if isinstance(balance, (list, tuple)) else (balance or "parameters")
         self.pipeline_name = pipeline
         self.verify_checksum = verify_checksum
@@ -348,7 +354,7 @@ class EPipeStrategy(ParallelStrategy):
         if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
             self._codecs = self._check_compressors(plan.num_cuts)
         self._runtime = PipelineRuntime(
-            plan, self.global_rank, layers, self._transport, self._codecs, self.stats, self.nonfinite
+            plan, self.global_rank, layers, self._transport, self._codecs, self.stats, self.nonfinite, self.checkpoint
         )
         if self._resume_state is not None:
             self._restore_codec_state(self._resume_state)

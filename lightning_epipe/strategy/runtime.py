@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from lightning_epipe.compressors import Packet, PacketError
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.microbatch import Batch, flatten, unflatten
 from lightning_epipe.strategy.partition import PipelinePlan
-from lightning_epipe.strategy.schedule import rank_tasks
+from lightning_epipe.strategy.schedule import rank_tasks, recomputes
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.transport import Transport
 from lightning_epipe.strategy.wire import Command, Flag, Header, Kind, WireError, checksum
@@ -76,6 +77,7 @@ class PipelineRuntime:
         codecs: CodecBook,
         stats: PipelineStats,
         nonfinite: str = "raise",
+        checkpoint: str = "never",
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -86,6 +88,7 @@ class PipelineRuntime:
         self.stats = stats
         self.nonfinite = nonfinite  # "raise" | "skip" | "allow"
         self.nonfinite_seen = False  # this step sent NaN/Inf (nonfinite="skip")
+        self.checkpoint = checkpoint  # "always" | "except_last" | "never"
         self.step = 0
         self.num_microbatches = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
@@ -157,7 +160,10 @@ class PipelineRuntime:
                 leaves = [t for t in tensors if t.requires_grad]
                 x = unflatten(tensors, bare)
             start = time.perf_counter()
-            y = self.stages[s](x)
+            if grad and recomputes(self.checkpoint, i, m):
+                y = torch.utils.checkpoint.checkpoint(self.stages[s], x, use_reentrant=False)
+            else:
+                y = self.stages[s](x)
             self.stats.add_compute(s, time.perf_counter() - start)
             if s == self.last_stage:
                 outputs[i] = y

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Literal
 
-__all__ = ["Task", "clock_cycles", "rank_tasks", "ideal_efficiency"]
+__all__ = ["Task", "clock_cycles", "rank_tasks", "ideal_efficiency", "recomputes"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,14 @@ def rank_tasks(stages: tuple[int, ...], num_microbatches: int, phase: str) -> li
 def ideal_efficiency(num_microbatches: int, num_stages: int) -> float:
     """Busy fraction of a balanced GPipe pipeline: ``m / (m + n - 1)``."""
     return num_microbatches / (num_microbatches + num_stages - 1)
+
+
+def recomputes(policy: str, microbatch: int, num_microbatches: int) -> bool:
+    """Whether a stage drops a micro-batch's activations and recomputes them in backward.
+
+    torchgpipe's policies: ``"always"``, ``"except_last"`` (the last micro-batch is the first
+    to run backward, so keeping it costs no memory peak) and ``"never"``.
+    """
+    if policy == "always":
+        return True
+    return policy == "except_last" and microbatch < num_microbatches - 1

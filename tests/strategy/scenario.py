@@ -167,12 +167,14 @@ def main() -> None:
     p.add_argument("--precision", default="32-true")
     p.add_argument("--start-method", default="popen")
     p.add_argument("--num-nodes", type=int, default=1)
+    p.add_argument("--checkpoint", default="never", help="activation recomputation")
     p.add_argument("--balance", default=None, help="'time', 'parameters' or comma-separated layer counts")
     args = p.parse_args()
 
     strategy = EPipeStrategy(
         chunks=args.chunks, compressor=args.compressor, bits=args.bits, placement=args.placement,
         timeout=timedelta(seconds=args.timeout), nonfinite=args.nonfinite, start_method=args.start_method,
+        checkpoint=args.checkpoint,
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
     )
     model = TinyNet(optimizer=args.optimizer, manual=args.manual)

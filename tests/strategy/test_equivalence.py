@@ -23,6 +23,7 @@ CASES = {
     "chain-3-adam": (["--devices", "3", "--placement", "chain", "--optimizer", "adam"], dict(steps=4, batch_size=16, optimizer="adam")),
     "client-server-2-manual": (["--devices", "2", "--manual"], dict(steps=4, batch_size=16, manual=True)),
     "clip-and-accumulate": (["--devices", "3", "--clip", "0.05", "--accumulate", "2"], dict(steps=3, batch_size=16, clip=0.05, accumulate=2)),
+    "recompute-except-last": (["--devices", "3", "--checkpoint", "except_last"], dict(steps=3, batch_size=16)),
     "balance-by-time": (["--devices", "3", "--balance", "time"], dict(steps=3, batch_size=16)),
     "small-last-batch": (["--devices", "2", "--placement", "chain", "--chunks", "8", "--batch-size", "23"], dict(steps=5, batch_size=23)),
 }

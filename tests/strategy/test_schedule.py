@@ -1,4 +1,4 @@
-from lightning_epipe.strategy.schedule import Task, clock_cycles, ideal_efficiency, rank_tasks
+from lightning_epipe.strategy.schedule import Task, clock_cycles, ideal_efficiency, rank_tasks, recomputes
 
 
 def test_clock_cycles_staircase():
@@ -38,3 +38,9 @@ def test_rank_tasks_rejects_unknown_phase():
 def test_ideal_efficiency():
     assert ideal_efficiency(4, 4) == 4 / 7
     assert ideal_efficiency(1, 1) == 1.0
+
+
+def test_recomputation_policies():
+    assert [recomputes("always", i, 3) for i in range(3)] == [True, True, True]
+    assert [recomputes("except_last", i, 3) for i in range(3)] == [True, True, False]
+    assert [recomputes("never", i, 3) for i in range(3)] == [False, False, False]
