@@ -1,0 +1,93 @@
+"""Accuracy vs compression: the digits example pipelined with every codec and bit width.
+
+    python benchmarks/accuracy.py              # quick: 2 processes, 5 epochs
+    python benchmarks/accuracy.py --full       # 3 processes, 20 epochs, 3 seeds
+
+``examples/digits`` (``DigitsClassifier``: 64 -> 7 x 256 -> 10; scikit-learn's 1797 digits,
+no download) over EPipeStrategy (client-server placement, chunks 4): ``none``, ``fp16``,
+``sortquant`` and ``quantize`` at 16, 12, 8, 6, 4, 2 bits, ``topk`` (10%) and ``powersgd``
+(rank 4), activations and gradients both compressed. Final test accuracy against the
+compression ratio measured on the wire (headers included): the report's figure. Writes
+``benchmarks/results/accuracy.{png,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import axes, finish, fmt, markdown_table, run, write_json  # noqa: E402
+
+BITS = [16, 12, 8, 6, 4, 2]
+
+
+def codecs() -> dict[str, dict]:
+    out = {"none": {"compressor": "none"}, "fp16": {"compressor": "fp16"}}
+    for name in ("sortquant", "quantize"):
+        out.update({f"{name}-{b}": {"compressor": name, "bits": b} for b in BITS})
+    out["topk-0.1"] = {"compressor": "topk", "compressor_kwargs": {"fraction": 0.1}}
+    out["powersgd-4"] = {"compressor": "powersgd", "compressor_kwargs": {"rank": 4}}
+    return out
+
+
+def measure(devices: int, epochs: int, seeds: list[int]) -> list[dict]:
+    rows = []
+    for label, codec in codecs().items():
+        results = [run(dict(kind="digits", devices=devices, chunks=4, epochs=epochs, seed=s, codec=codec, timeout=600))
+                   for s in seeds]
+        ok = [r for r in results if "test_acc" in r]
+        row = {"codec": label, "runs": len(ok), "error": next((r["error"] for r in results if "error" in r), None)}
+        if ok:
+            accs = [r["test_acc"] for r in ok]
+            row.update(test_acc=statistics.mean(accs), acc_min=min(accs), acc_max=max(accs),
+                       ratio=statistics.mean(r["ratio"] for r in ok))
+        print(f"  {label}: {row.get('test_acc', row['error'])}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    base = next((r.get("test_acc") for r in rows if r["codec"] == "none"), None)
+    body = [[r["codec"], fmt(r.get("ratio"), ".3f"),
+             fmt(r.get("test_acc"), ".3f") if "test_acc" in r else f"failed: {r['error']}",
+             f"{r['acc_min']:.3f}-{r['acc_max']:.3f}" if r.get("runs", 0) > 1 else "-",
+             fmt(r["test_acc"] - base if "test_acc" in r and base is not None else None, "+.3f")] for r in rows]
+    return markdown_table(["codec", "wire ratio", "test acc", "range over seeds", "vs none"], body)
+
+
+def plot(rows: list[dict]) -> Path:
+    fig, ax = axes()
+    families = {"sortquant": "o-", "quantize": "s--"}
+    for fam, style in families.items():
+        pts = sorted((r["ratio"], r["test_acc"], r["codec"]) for r in rows if r["codec"].startswith(fam) and "test_acc" in r)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=fam)
+        for x, y, c in pts:
+            ax.annotate(c.split("-")[1] + "b", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for r in rows:
+        if "test_acc" in r and not r["codec"].startswith(tuple(families)):
+            ax.plot(r["ratio"], r["test_acc"], "^", label=r["codec"])
+    ax.set_xscale("log")
+    return finish(fig, ax, "accuracy.png", "compression ratio on the wire (bytes sent / uncompressed)",
+                  "final test accuracy", "Digits, pipelined: accuracy vs compression")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--devices", type=int)
+    parser.add_argument("--epochs", type=int)
+    parser.add_argument("--seeds", nargs="+", type=int)
+    args = parser.parse_args()
+    rows = measure(args.devices or (3 if args.full else 2), args.epochs or (20 if args.full else 5),
+                   args.seeds or ([0, 1, 2] if args.full else [0]))
+    write_json("accuracy.json", rows)
+    print(table(rows))
+    print("plot:", plot(rows))
+
+
+if __name__ == "__main__":
+    main()

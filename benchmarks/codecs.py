@@ -1,0 +1,13 @@
+"""The codec configurations the benchmarks compare, as EPipeStrategy keyword arguments."""
+
+from __future__ import annotations
+
+#: label -> EPipeStrategy(**kwargs) codec arguments
+CODECS = {
+    "none": {"compressor": "none"},
+    "sortquant-8": {"compressor": "sortquant", "bits": 8},
+    "quantize-8": {"compressor": "quantize", "bits": 8},
+    "fp16": {"compressor": "fp16"},
+    "topk-0.1": {"compressor": "topk", "compressor_kwargs": {"fraction": 0.1}},
+    "powersgd-4": {"compressor": "powersgd", "compressor_kwargs": {"rank": 4}},
+}

@@ -1,0 +1,149 @@
+"""Shared by the benchmark scripts: launch one run, read its JSON, tables, plots, namespaces.
+
+A run is ``benchmarks/worker.py --config JSON``. Lightning runs are started once (Lightning's
+launcher re-runs the script per rank); ``torch.distributed.pipelining`` runs are started once
+per rank here, with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR=127.0.0.1``. A run that fails or
+times out gives ``{"error": ...}`` instead of numbers, so one broken baseline does not stop a
+benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = Path(__file__).resolve().parent / "worker.py"
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cfg: dict, netns: Optional[str] = None, timeout: float = 600) -> dict:
+    """Run ``cfg`` (see ``worker.py``) to completion; its rank-0 JSON, or ``{"error": ...}``."""
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cfg = {**cfg, "out": str(out)}
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+               "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(cfg.get("threads", 1))}
+        cmd = prefix + [sys.executable, str(WORKER), "--config", json.dumps(cfg)]
+        ranks = range(cfg["devices"]) if cfg["kind"] == "pipelining" else [None]
+        procs = []
+        for rank in ranks:
+            rank_env = env if rank is None else {**env, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                                 "WORLD_SIZE": str(cfg["devices"])}
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=rank_env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        logs, timed_out = [], False
+        for p in procs:
+            try:
+                logs.append(p.communicate(timeout=timeout)[0])
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                for q in procs:  # the whole session of each rank: Lightning's children too
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(q.pid, 9)
+                logs.append(p.communicate()[0])
+        if out.exists():
+            result = json.loads(out.read_text())
+            if "error" not in result and all(p.returncode == 0 for p in procs):
+                return result
+            if "error" in result:
+                return result
+        tail = "\n".join(log[-1500:] for log in logs if log)
+        if timed_out:
+            return {"error": f"hung: no result after {timeout:.0f} s (killed)", "log": tail}
+        return {"error": f"exit codes {[p.returncode for p in procs]}", "log": tail}
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def fmt(x: Optional[float], spec: str = ".2f", suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def axes(figsize: tuple[float, float] = (7.5, 4.5)):
+    """A new matplotlib figure and axes (headless backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=figsize)
+
+
+def finish(fig, ax, name: str, xlabel: str, ylabel: str, title: str, legend: int = 8) -> Path:
+    """Label ``ax``, save ``fig`` as ``results/name``; the path."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=legend)
+    return save(fig, name)
+
+
+def save(fig, name: str) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def write_json(name: str, data) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(data, indent=1, default=str))
+    return path
+
+
+def netns_available() -> Optional[str]:
+    """``None`` if namespaces with ``tc`` work here, else why not (the skip message)."""
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is missing (apt-get install iproute2)"
+    name = f"epipe-probe-{os.getpid()}"
+    try:
+        with slow_loopback(name, 1000):
+            pass
+    except (subprocess.CalledProcessError, OSError) as err:
+        detail = getattr(err, "stderr", None) or err
+        return f"network namespaces or tc are not permitted here: {str(detail).strip()}"
+    return None
+
+
+@contextlib.contextmanager
+def slow_loopback(name: str, mbit: Optional[float]) -> Iterator[str]:
+    """A network namespace ``name`` whose loopback is limited to ``mbit`` Mbit/s (tc tbf).
+
+    ``mbit=None`` leaves the loopback unlimited. Only the namespace's own loopback is touched;
+    the namespace is deleted on exit, whatever happens.
+    """
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    ip("netns", "add", name)
+    try:
+        ip("-n", name, "link", "set", "lo", "up")
+        if mbit is not None:
+            ip("netns", "exec", name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
+               "rate", f"{mbit:g}mbit", "burst", "1mbit", "latency", "100ms")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)

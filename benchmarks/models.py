@@ -1,0 +1,75 @@
+"""The benchmark models: balanced ``nn.Sequential`` stacks wrapped in a LightningModule.
+
+Every model exposes its stack as ``layers`` (what EPipeStrategy pipelines, what DDP
+replicates and what ``torch.distributed.pipelining`` splits) and trains on synthetic
+regression data (MSE against a fixed random target), so no download is needed.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import lightning as L
+
+#: name -> (builder kwargs for quick mode, for --full)
+MODELS = {
+    "mlp": {"quick": dict(width=1024, depth=8), "full": dict(width=1024, depth=8)},
+    "transformer": {"quick": dict(dim=128, seq=16, heads=4, depth=8), "full": dict(dim=256, seq=64, heads=8, depth=8)},
+}
+
+
+class Block(nn.Module):
+    """A pre-norm transformer encoder block on ``[B, T, D]``: attention then a 4x MLP, residual."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return x + self.mlp(self.norm2(x))
+
+
+def build_layers(name: str, full: bool = False) -> tuple[nn.Sequential, tuple[int, ...]]:
+    """The stack and the shape of one sample (without the batch dimension)."""
+    cfg = MODELS[name]["full" if full else "quick"]
+    torch.manual_seed(0)
+    if name == "mlp":
+        blocks = []
+        for _ in range(cfg["depth"]):
+            blocks.append(nn.Sequential(nn.Linear(cfg["width"], cfg["width"]), nn.ReLU()))
+        return nn.Sequential(*blocks), (cfg["width"],)
+    if name == "transformer":
+        return nn.Sequential(*[Block(cfg["dim"], cfg["heads"]) for _ in range(cfg["depth"])]), (cfg["seq"], cfg["dim"])
+    raise ValueError(f"unknown model {name!r}, expected one of {sorted(MODELS)}")
+
+
+def make_data(shape: tuple[int, ...], samples: int, seed: int = 0) -> TensorDataset:
+    """``samples`` random inputs of ``shape`` and random targets of the same shape."""
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(samples, *shape, generator=g), 0.5 * torch.randn(samples, *shape, generator=g))
+
+
+class StackRegressor(L.LightningModule):
+    """``layers`` trained with MSE and SGD; the same module for every strategy."""
+
+    def __init__(self, layers: nn.Sequential, lr: float = 1e-3) -> None:
+        super().__init__()
+        self.layers = layers
+        self.lr = lr
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layers(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def loader(dataset: TensorDataset, batch_size: int) -> DataLoader:
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=True)

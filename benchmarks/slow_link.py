@@ -1,0 +1,121 @@
+"""The pipeline over a rate-limited link: speed-up of every codec over ``none`` vs bandwidth.
+
+    python benchmarks/slow_link.py             # quick: 50, 200, 1000 Mbit/s and unlimited, 2 processes
+    python benchmarks/slow_link.py --full      # more steps, also 10 and 500 Mbit/s, and DDP
+
+Each rate gets its own network namespace (``ip netns add``) whose loopback is limited with
+``tc qdisc add dev lo root tbf rate R burst 1mbit latency 100ms``; the whole launcher runs
+under ``ip netns exec``, so every rank talks over that loopback (MASTER_ADDR=127.0.0.1).
+"unlimited" is a namespace without tc, the same conditions otherwise. The namespaces are
+deleted afterwards whatever happens; where ``ip netns``/``tc`` are not allowed the benchmark
+is skipped with the reason. Note the loopback carries both directions, so the limit is on
+the sum of forward and backward traffic. Writes ``benchmarks/results/slow_link.{png,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.codecs import CODECS  # noqa: E402
+from benchmarks.common import axes, finish, fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
+
+
+def measure(rates: list[Optional[float]], base: dict, ddp: bool) -> list[dict]:
+    rows = []
+    for rate in rates:
+        name = f"epipe-bench-{os.getpid()}-{rate or 'inf'}".replace(".", "_")
+        with slow_loopback(name, rate) as ns:
+            configs = {label: {"kind": "epipe", "codec": codec} for label, codec in CODECS.items()}
+            if ddp:
+                configs["ddp"] = {"kind": "ddp"}
+            for label, extra in configs.items():
+                result = run({**base, **extra}, netns=ns)
+                print(f"  {rate or 'unlimited'} Mbit/s {label}: {result.get('samples_per_s') or result.get('error')}", flush=True)
+                rows.append({"rate_mbit": rate, "method": label, **result})
+    return rows
+
+
+def speedups(rows: list[dict]) -> dict[str, dict]:
+    """method -> {rate: samples/s relative to ``none`` at that rate}."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        none = next((x.get("samples_per_s") for x in rows if x["rate_mbit"] == r["rate_mbit"] and x["method"] == "none"), None)
+        if r.get("samples_per_s") and none:
+            out.setdefault(r["method"], {})[r["rate_mbit"]] = r["samples_per_s"] / none
+    return out
+
+
+def break_even(curve: dict) -> str:
+    """Where the speed-up crosses 1, interpolated in log(bandwidth) between measured rates."""
+    points = sorted((rate, s) for rate, s in curve.items() if rate is not None)
+    if not points:
+        return "-"
+    if all(s >= 1 for _, s in points):
+        return f"pays at every rate up to {points[-1][0]:g} Mbit/s"
+    if all(s < 1 for _, s in points):
+        return f"never pays (>= {points[0][0]:g} Mbit/s)"
+    for (r0, s0), (r1, s1) in zip(points, points[1:]):
+        if s0 >= 1 > s1:
+            t = (s0 - 1) / (s0 - s1)
+            return f"~{math.exp(math.log(r0) + t * (math.log(r1) - math.log(r0))):.0f} Mbit/s"
+    return "mixed: " + ", ".join(f"{r:g}:{s:.2f}" for r, s in points)
+
+
+def tables(rows: list[dict]) -> str:
+    curves = speedups(rows)
+    body = [[fmt(r["rate_mbit"], "g") if r["rate_mbit"] else "unlimited", r["method"],
+             fmt(r.get("samples_per_s"), ".0f") if r.get("samples_per_s") else f"failed: {r.get('error')}",
+             fmt(curves.get(r["method"], {}).get(r["rate_mbit"]), ".2f", "x"), fmt(r.get("ratio"), ".3f")]
+            for r in rows]
+    first = markdown_table(["link (Mbit/s)", "method", "samples/s", "vs none", "wire ratio"], body)
+    second = markdown_table(["method", "break-even (speed-up over none falls below 1)"],
+                            [[m, break_even(c)] for m, c in curves.items() if m != "none"])
+    return first + "\n\n" + second
+
+
+def plot(rows: list[dict]) -> Path:
+    curves = speedups(rows)
+    fig, ax = axes()
+    for method, curve in curves.items():
+        points = sorted((r, s) for r, s in curve.items() if r is not None)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log")
+    return finish(fig, ax, "slow_link.png", "loopback rate limit (Mbit/s, tc tbf)",
+                  "samples/s relative to uncompressed EPipe", "Compressed cuts over a slow link")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--rates", nargs="+", type=float, help="Mbit/s (an unlimited namespace is always added)")
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=192)
+    parser.add_argument("--chunks", type=int, default=4)
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--ddp", action="store_true", help="also DDP at every rate (slow: it all-reduces the weights)")
+    args = parser.parse_args()
+    reason = netns_available()
+    if reason:
+        print(f"SKIPPED: {reason}")
+        return
+    rates = args.rates or ([10, 50, 200, 500, 1000] if args.full else [50, 200, 1000])
+    steps = args.steps or (40 if args.full else 10)
+    base = dict(model=args.model, devices=args.devices, batch=args.batch, chunks=args.chunks, steps=steps,
+                warmup=max(2, steps // 5), full=args.full, timeout=600)
+    rows = measure(rates + [None], base, args.ddp or args.full)
+    write_json("slow_link.json", rows)
+    print(tables(rows))
+    print("plot:", plot(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""One benchmark run, configured by a JSON string; rank 0 writes its result to ``cfg["out"]``.
+
+    python benchmarks/worker.py --config '{"kind": "epipe", "model": "mlp", "devices": 2, ...}'
+
+Kinds:
+
+- ``epipe``: ``EPipeStrategy`` (Lightning's launcher re-runs this script once per rank).
+- ``ddp``: Lightning's ``strategy="ddp"`` on CPU/gloo, the same global batch split over ranks.
+- ``single``: one process, the whole batch, no parallelism (the efficiency baseline).
+- ``pipelining``: PyTorch's ``torch.distributed.pipelining`` (``PipelineStage`` +
+  ``ScheduleGPipe``) on gloo; :func:`benchmarks.common.run` starts one process per rank.
+- ``digits``: the digits example pipelined with EPipeStrategy, then tested (accuracy).
+
+``cfg["strategy"]``: further EPipeStrategy keyword arguments (e.g. ``verify_checksum``).
+Throughput is measured on rank 0 from the end of step ``warmup`` to the end of the last step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import lightning as L  # noqa: E402
+
+from benchmarks.models import StackRegressor, build_layers, loader, make_data  # noqa: E402
+
+
+class StepTimer(L.Callback):
+    """Timestamps of every training step's end (``time.perf_counter``)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.times.append(time.perf_counter())
+
+
+def samples_per_second(times: list[float], warmup: int, batch: int) -> float:
+    """Samples/s between the end of step ``warmup`` and the end of the last step."""
+    if len(times) <= warmup + 1:
+        raise ValueError(f"need more than warmup+1={warmup + 1} steps, got {len(times)}")
+    return (len(times) - 1 - warmup) * batch / (times[-1] - times[warmup])
+
+
+def _trainer(cfg: dict, strategy, devices: int, callbacks: list, **extra) -> L.Trainer:
+    return L.Trainer(
+        accelerator="cpu", devices=devices, strategy=strategy, callbacks=callbacks, logger=False,
+        enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+        num_sanity_val_steps=0, **extra,
+    )
+
+
+def _epipe(cfg: dict):
+    from lightning_epipe import EPipeStrategy
+
+    codec = dict(cfg.get("codec") or {"compressor": "none"})
+    return EPipeStrategy(
+        chunks=cfg["chunks"], placement=cfg.get("placement", "chain"),
+        timeout=timedelta(seconds=cfg.get("timeout", 300)), **codec, **cfg.get("strategy", {}),
+    )
+
+
+def run_lightning(cfg: dict) -> dict | None:
+    """``epipe``, ``ddp`` or ``single`` on the synthetic stack."""
+    from lightning_epipe.callbacks import EPipeMonitor
+
+    layers, shape = build_layers(cfg["model"], cfg.get("full", False))
+    kind, devices, batch = cfg["kind"], cfg["devices"], cfg["batch"]
+    data = make_data(shape, batch * cfg["steps"])
+    timer, callbacks = StepTimer(), []
+    if kind == "epipe":
+        strategy, per_rank, monitor = _epipe(cfg), batch, EPipeMonitor()
+        callbacks = [timer, monitor]
+    elif kind == "ddp":
+        if batch % devices:
+            raise ValueError(f"global batch {batch} does not split over {devices} DDP ranks")
+        strategy, per_rank, monitor, callbacks = "ddp", batch // devices, None, [timer]
+    else:
+        strategy, per_rank, monitor, callbacks, devices = "auto", batch, None, [timer], 1
+    trainer = _trainer(cfg, strategy, devices, callbacks, max_epochs=1, log_every_n_steps=10**6)
+    trainer.fit(StackRegressor(layers), loader(data, per_rank))
+    if not trainer.is_global_zero:
+        return None
+    result = {"samples_per_s": samples_per_second(timer.times, cfg["warmup"], batch), "steps": len(timer.times)}
+    if monitor is not None:
+        s = monitor.summary()
+        result.update(ratio=s["ratio"], bytes=s["bytes"], bubble=s["bubble"],
+                      busy={r: v["compute_s"] for r, v in s["ranks"].items()})
+    return result
+
+
+def run_digits(cfg: dict) -> dict | None:
+    """The digits example over ``devices`` processes with a codec; final test accuracy."""
+    from examples.digits.data import DigitsDataModule
+    from examples.digits.model import DigitsClassifier
+    from lightning_epipe.callbacks import EPipeMonitor
+
+    L.seed_everything(cfg.get("seed", 0), verbose=False)
+    monitor = EPipeMonitor()
+    cfg = {**cfg, "placement": cfg.get("placement", "client-server")}
+    trainer = _trainer(cfg, _epipe(cfg), cfg["devices"], [monitor], max_epochs=cfg["epochs"], log_every_n_steps=10)
+    model, data = DigitsClassifier(), DigitsDataModule(batch_size=cfg.get("batch", 64))
+    trainer.fit(model, data)
+    summary = monitor.summary() if trainer.is_global_zero else None
+    results = trainer.test(model, data, verbose=False)
+    if not trainer.is_global_zero:
+        return None
+    return {"test_acc": results[0]["test_acc"], "ratio": summary["ratio"], "bytes": summary["bytes"]}
+
+
+def run_pipelining(cfg: dict) -> dict | None:
+    """torch.distributed.pipelining, GPipe, uncompressed, one stage per rank (rank 0 first)."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    from lightning_epipe.strategy.balance import balance_by_parameters
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=cfg.get("timeout", 300)))
+    try:
+        layers, shape = build_layers(cfg["model"], cfg.get("full", False))
+        balance = balance_by_parameters(layers, world, "chain")
+        start = sum(balance[:rank])
+        module = layers[start:start + balance[rank]]
+        batch, chunks = cfg["batch"], cfg["chunks"]
+        stage = PipelineStage(module, rank, world, torch.device("cpu"))
+        schedule = ScheduleGPipe(stage, chunks, loss_fn=torch.nn.functional.mse_loss)
+        opt = torch.optim.SGD(module.parameters(), lr=1e-3)
+        data = make_data(shape, batch * cfg["steps"])
+        times = []
+        for step in range(cfg["steps"]):
+            x, y = data.tensors[0][step * batch:(step + 1) * batch], data.tensors[1][step * batch:(step + 1) * batch]
+            opt.zero_grad()
+            if rank == 0:
+                schedule.step(x)
+            elif rank == world - 1:
+                schedule.step(target=y, losses=[])
+            else:
+                schedule.step()
+            opt.step()
+            times.append(time.perf_counter())
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return {"samples_per_s": samples_per_second(times, cfg["warmup"], batch), "steps": len(times)} if rank == 0 else None
+
+
+KINDS = {"epipe": run_lightning, "ddp": run_lightning, "single": run_lightning,
+         "pipelining": run_pipelining, "digits": run_digits}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="JSON: kind, model, devices, batch, chunks, steps, ...")
+    cfg = json.loads(parser.parse_args().config)
+    torch.set_num_threads(cfg.get("threads", 1))
+    try:
+        result = KINDS[cfg["kind"]](cfg)
+    except BaseException as err:  # rank 0 reports the error in the table instead of a result
+        if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":
+            msg = f"{type(err).__name__}: {err}".strip().splitlines()
+            Path(cfg["out"]).write_text(json.dumps({"error": msg[0][:300] if msg else type(err).__name__,
+                                                    "traceback": traceback.format_exc()[-3000:]}))
+        raise
+    if result is not None:
+        Path(cfg["out"]).write_text(json.dumps(result, default=str))
+
+
+if __name__ == "__main__":
+    main()
