@@ -106,7 +106,8 @@ class PipelineRuntime:
     def command(self, command: Command, num_microbatches: int = 0, arg: int = 0, flags: int = 0) -> None:
         """Client only: tell every server what to do next."""
         for peer in range(1, self.plan.num_ranks):
-            header = Header(Kind.CONTROL, self.step, 0, num_microbatches, 0, 1, flags, 0, 0, arg=command)
+            # the command's argument (an optimizer index) rides in the micro-batch field
+            header = Header(Kind.CONTROL, self.step, arg, num_microbatches, 0, 1, flags, 0, 0, arg=command)
             self.transport.send(peer, header)
 
     def next_command(self) -> ControlMessage:
