@@ -15,7 +15,9 @@ Codecs: ``none``, ``fp16``, ``bf16``, ``quantize``, ``sortquant``, ``topk``, ``p
 import torch  # noqa: F401  (for the example above)
 
 from .base import Compressor, NonFiniteError
+from .bottleneck import Bottleneck, BottleneckPair
 from .cast import Bf16, Fp16, NoCompression
+from .feedback import ErrorFeedback
 from .packet import Packet, PacketError
 from .powersgd import PowerSGD
 from .quantize import Quantize
@@ -38,4 +40,7 @@ __all__ = [
     "SortQuant",
     "TopK",
     "PowerSGD",
+    "ErrorFeedback",
+    "Bottleneck",
+    "BottleneckPair",
 ]

@@ -13,55 +13,78 @@ from typing import Any, Optional, Sequence, Union
 
 from torch import Tensor
 
-from lightning_epipe.compressors import Compressor, get_compressor
+from lightning_epipe.compressors import Compressor, ErrorFeedback, get_compressor
+from lightning_epipe.compressors.bottleneck import BOTTLENECK_KEYS, Bottleneck
 
 __all__ = ["CodecSpec", "CodecBook", "resolve_specs"]
 
-SpecLike = Union[str, Compressor]
+SpecLike = Union[str, Compressor, Bottleneck]
 
 
 @dataclass(frozen=True)
 class CodecSpec:
-    """A compressor by name and keyword arguments, or a prototype instance to copy."""
+    """A compressor by name and keyword arguments, or a prototype instance to copy.
+
+    ``feedback`` wraps every stream in :class:`ErrorFeedback`; ``bottleneck`` (activation
+    specs only) puts a learned encoder/decoder pair at the cut, and the codec then carries
+    its code ``z`` (both directions, unless the gradient codec is given separately).
+    """
 
     name: Optional[str] = None
     kwargs: dict = field(default_factory=dict)
     prototype: Optional[Compressor] = None
+    feedback: bool = False
+    bottleneck: Optional[Bottleneck] = None
 
     def make(self) -> Compressor:
         if self.prototype is not None:
             fresh = copy.deepcopy(self.prototype)
             fresh.reset()
-            return fresh
-        return get_compressor(self.name, **self.kwargs)
+        else:
+            fresh = get_compressor(self.name, **self.kwargs)
+        if self.feedback and not fresh.lossless and not isinstance(fresh, ErrorFeedback):
+            fresh = ErrorFeedback(fresh)
+        return fresh
 
     def describe(self) -> str:
         if self.prototype is not None:
-            return type(self.prototype).__name__
-        args = ",".join(f"{k}={v}" for k, v in sorted(self.kwargs.items()) if k != "check_finite")
-        return f"{self.name}({args})" if args else str(self.name)
+            text = type(self.prototype).__name__
+        else:
+            args = ",".join(f"{k}={v}" for k, v in sorted(self.kwargs.items()) if k != "check_finite")
+            text = f"{self.name}({args})" if args else str(self.name)
+        if self.bottleneck is not None:
+            text = f"{self.bottleneck.describe()}+{text}"
+        return f"errorfeedback({text})" if self.feedback else text
 
 
-def _spec(value: SpecLike, kwargs: dict) -> CodecSpec:
+def _spec(value: SpecLike, kwargs: dict, feedback: bool) -> CodecSpec:
+    if isinstance(value, str) and value == "bottleneck":
+        value = Bottleneck(**{k: v for k, v in kwargs.items() if k in BOTTLENECK_KEYS},
+                           **{k: v for k, v in kwargs.items() if k not in BOTTLENECK_KEYS})
+    if isinstance(value, Bottleneck):
+        wire = _spec(value.wire, value.wire_kwargs, feedback)
+        return CodecSpec(wire.name, wire.kwargs, feedback=feedback, bottleneck=value)
     if isinstance(value, Compressor):
-        return CodecSpec(prototype=value)
+        return CodecSpec(prototype=value, feedback=feedback)
     if isinstance(value, str):
-        spec = CodecSpec(name=value, kwargs={**kwargs, "check_finite": False})
+        kwargs = {k: v for k, v in kwargs.items() if k not in BOTTLENECK_KEYS}
+        spec = CodecSpec(name=value, kwargs={**kwargs, "check_finite": False}, feedback=feedback)
         spec.make()  # unknown names and bad arguments fail here, before any process starts
         return spec
-    raise TypeError(f"a compressor must be a name or a Compressor instance, got {type(value).__name__}")
+    raise TypeError(f"a compressor must be a name, a Compressor or a Bottleneck instance, got {type(value).__name__}")
 
 
 def resolve_specs(
-    value: Union[SpecLike, Sequence[SpecLike]], kwargs: dict, num_cuts: Optional[int], what: str
+    value: Union[SpecLike, Sequence[SpecLike]], kwargs: dict, num_cuts: Optional[int], what: str,
+    feedback: bool = False,
 ) -> list[CodecSpec]:
     """One :class:`CodecSpec` per cut from a single name/instance or a per-cut list
     (``num_cuts=None``: check the entries only, the pipeline's size is not known yet)."""
     if isinstance(value, (list, tuple)):
         if num_cuts is not None and len(value) != num_cuts:
             raise ValueError(f"{what} lists {len(value)} compressors but the pipeline has {num_cuts} cuts: give one per cut")
-        return [_spec(v, kwargs) for v in value]
-    spec = _spec(value, kwargs)
+        return [_spec(v, kwargs, feedback) for v in value]
+    spec = _spec(value, kwargs, feedback)
     return [spec] * (num_cuts or 1)
 
 
@@ -99,3 +122,7 @@ class CodecBook:
 
     def describe(self) -> dict[str, list[str]]:
         return {d: [s.describe() for s in specs] for d, specs in self.specs.items()}
+
+    def bottlenecks(self) -> dict[int, Bottleneck]:
+        """Cut -> the learned bottleneck to put there (cuts without one are left out)."""
+        return {c: s.bottleneck for c, s in enumerate(self.specs["activation"]) if s.bottleneck is not None}

@@ -44,8 +44,15 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_epipe.compressors import Compressor
+from lightning_epipe.compressors import BottleneckPair, Compressor
 from lightning_epipe.strategy.balance import balance_by_parameters, balance_by_time
+from lightning_epipe.strategy.bottlenecks import ATTRIBUTE as BOTTLENECKS
+from lightning_epipe.strategy.bottlenecks import (
+    ensure_optimized,
+    install_bottlenecks,
+    release_foreign_halves,
+    split_bottleneck_state,
+)
 from lightning_epipe.strategy.codecs import CodecBook, resolve_specs
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, broadcast_json
@@ -102,7 +109,10 @@ class EPipeStrategy(ParallelStrategy):
         bits: bit width for the quantizing codecs (``sortquant``, ``quantize``, ``topk``).
         activation_compressor: overrides ``compressor`` for activations (forward).
         gradient_compressor: overrides ``compressor`` for gradients (backward).
-        compressor_kwargs: further keyword arguments of the codec (``split``, ``fraction``, ``rank``...).
+        compressor_kwargs: further keyword arguments of the codec (``split``, ``fraction``, ``rank``...;
+            ``ratio``, ``stride``, ``wire``, ``init`` for ``compressor="bottleneck"``).
+        error_feedback: add each gradient compression's error to the next gradient of the same
+            cut and micro-batch slot (:class:`~lightning_epipe.compressors.ErrorFeedback`).
         balance: layers per stage, or ``"parameters"`` (default) / ``"time"`` (measured on the
             LightningModule's ``example_input_array``) to balance automatically.
         pipeline: attribute name of the ``nn.Sequential`` (default: the only one).
@@ -131,6 +141,7 @@ class EPipeStrategy(ParallelStrategy):
         activation_compressor: Optional[CompressorArg] = None,
         gradient_compressor: Optional[CompressorArg] = None,
         compressor_kwargs: Optional[dict[str, Any]] = None,
+        error_feedback: bool = False,
         balance: Union[Sequence[int], Literal["parameters", "time"], None] = None,
         pipeline: Optional[str] = None,
         placement: Literal["client-server", "chain"] = "client-server",
@@ -179,6 +190,9 @@ class EPipeStrategy(ParallelStrategy):
         kwargs = dict(compressor_kwargs or {})
         if bits is not None:
             kwargs["bits"] = bits
+        if not isinstance(error_feedback, bool):
+            raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
         self._compressor_args = (compressor, activation_compressor, gradient_compressor, kwargs)
         self._check_compressors(num_cuts=None)
         self.stats = PipelineStats()
@@ -192,6 +206,8 @@ class EPipeStrategy(ParallelStrategy):
         self._resume_state: Optional[dict[str, Any]] = None
         self._client_backup: dict[str, Tensor] = {}
         self._skip_backward = False
+        self._bottlenecks: dict[int, BottleneckPair] = {}
+        self._bottleneck_state: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------------ properties
 
@@ -256,7 +272,16 @@ class EPipeStrategy(ParallelStrategy):
     def _check_compressors(self, num_cuts: Optional[int]) -> CodecBook:
         compressor, act, grad, kwargs = self._compressor_args
         activation = resolve_specs(act if act is not None else compressor, kwargs, num_cuts, "activation_compressor")
-        gradient = resolve_specs(grad if grad is not None else compressor, kwargs, num_cuts, "gradient_compressor")
+        gradient = resolve_specs(
+            grad if grad is not None else compressor, kwargs, num_cuts, "gradient_compressor", self.error_feedback
+        )
+        if grad is not None and any(spec.bottleneck is not None for spec in gradient):
+            raise ValueError(
+                "a bottleneck is a pair of layers on the activation's path: give it as compressor= or"
+                " activation_compressor= (its code's gradient then travels back through the same cut)"
+            )
+        # a bottleneck's code travels back as a gradient of the same size: the gradient codec
+        # of that cut (unless set separately) is the bottleneck's wire codec
         return CodecBook(activation, gradient)
 
     def check_model(self, model: LightningModule) -> PipelinePlan:
@@ -281,7 +306,14 @@ class EPipeStrategy(ParallelStrategy):
         else:  # "time" is measured in setup(); any valid split checks the rest now
             balance = [1] * (stages - 1) + [len(layers) - stages + 1]
         plan = plan_pipeline(len(layers), world, balance, self.placement)
-        self._check_compressors(plan.num_cuts)
+        codecs = self._check_compressors(plan.num_cuts)
+        built = [c for c, b in codecs.bottlenecks().items() if b.encoder is None]
+        if built and getattr(model, "example_input_array", None) is None:
+            raise ValueError(
+                f"compressor='bottleneck' sizes and initializes the bottleneck of cuts {built} from the activation"
+                " there: set `self.example_input_array` (an input of the pipelined Sequential; a few real samples"
+                " give a PCA start) in your LightningModule, or pass Bottleneck(encoder=..., decoder=...)"
+            )
         return plan
 
     # ------------------------------------------------------------------ launch and process group
@@ -339,6 +371,12 @@ class EPipeStrategy(ParallelStrategy):
             plan = self._plan_by_time(module, layers)
         self._plan, self._pipeline = plan, layers
         self._pipeline_attr = name
+        if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
+            self._codecs = self._check_compressors(plan.num_cuts)
+        saved = (self._resume_state or {}).get("bottlenecks")
+        self._bottlenecks = install_bottlenecks(
+            module, layers, plan, self._codecs.bottlenecks(), self.global_rank, self.root_device, saved
+        )
         self._release_foreign_layers(module, layers, plan)
         _keep_metrics_local(module)
         # one replica: epoch-level logging has nothing to sync across ranks
@@ -347,14 +385,16 @@ class EPipeStrategy(ParallelStrategy):
         self.model_to_device()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
+            added = ensure_optimized(module, self.optimizers)
+            if added and self.is_client:
+                log.info("EPipeStrategy: the first optimizer also trains the bottlenecks' %s", added)
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
         self._transport = Transport(self.global_rank, self.root_device, self._timeout, self.verify_checksum, self.stats)
-        if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
-            self._codecs = self._check_compressors(plan.num_cuts)
         self._runtime = PipelineRuntime(
-            plan, self.global_rank, layers, self._transport, self._codecs, self.stats, self.nonfinite, self.checkpoint
+            plan, self.global_rank, layers, self._transport, self._codecs, self.stats, self.nonfinite, self.checkpoint,
+            self._bottlenecks,
         )
         if self._resume_state is not None:
             self._restore_codec_state(self._resume_state)
@@ -387,10 +427,12 @@ class EPipeStrategy(ParallelStrategy):
         for i, layer in enumerate(layers):
             if i not in owned:
                 layer.to("meta")
+        pairs = getattr(module, BOTTLENECKS, None)
         if not self.is_client:
             for child in module.children():
-                if child is not layers:
+                if child is not layers and child is not pairs:
                     child.to("meta")
+        release_foreign_halves(self._bottlenecks, plan, self.global_rank)
 
     @override
     def model_to_device(self) -> None:
@@ -626,7 +668,8 @@ class EPipeStrategy(ParallelStrategy):
         owned = {str(i) for i in self.plan.layers_of(self.global_rank)}
         return {
             k: v for k, v in state.items()
-            if not v.is_meta and k.startswith(prefix) and k[len(prefix):].split(".", 1)[0] in owned
+            if not v.is_meta and (k.startswith(BOTTLENECKS + ".")
+                                  or k.startswith(prefix) and k[len(prefix):].split(".", 1)[0] in owned)
         }
 
     @override
@@ -641,7 +684,9 @@ class EPipeStrategy(ParallelStrategy):
         missing = [k for k, v in full.items() if k not in merged]
         if missing:
             raise RuntimeError(f"EPipeStrategy could not collect {len(missing)} weights for the checkpoint, e.g. {missing[:3]}")
-        return {k: merged[k] for k in full}
+        # the bottlenecks go to checkpoint["epipe"], so that the plain model loads without the strategy
+        model_state, self._bottleneck_state = split_bottleneck_state({k: merged[k] for k in full})
+        return model_state
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
@@ -682,7 +727,10 @@ class EPipeStrategy(ParallelStrategy):
         merged = gather_tensors(self._transport, self.world_size, local)
         if merged is None:
             return None
-        return {"balance": list(self.plan.balance), "placement": self.placement, "ranks": unflatten_state(merged)}
+        extra = {"balance": list(self.plan.balance), "placement": self.placement, "ranks": unflatten_state(merged)}
+        if self._bottleneck_state:
+            extra["bottlenecks"] = self._bottleneck_state
+        return extra
 
     @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: Optional[bool] = None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from lightning_epipe.compressors import Packet, PacketError
+from lightning_epipe.compressors import BottleneckPair, Packet, PacketError
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.microbatch import Batch, flatten, unflatten
 from lightning_epipe.strategy.partition import PipelinePlan
@@ -78,11 +78,15 @@ class PipelineRuntime:
         stats: PipelineStats,
         nonfinite: str = "raise",
         checkpoint: str = "never",
+        bottlenecks: Optional[dict[int, BottleneckPair]] = None,
     ) -> None:
         self.plan = plan
         self.rank = rank
         self.stage_ids = plan.stages_of(rank)
-        self.stages = {s: nn.Sequential(*(layers[i] for i in range(*plan.bounds[s]))) for s in self.stage_ids}
+        pairs = bottlenecks or {}
+        self.stages = {s: self._stage_module(s, layers, pairs) for s in self.stage_ids}
+        # bytes the first tensor at a bottleneck cut would take without it, per byte of code
+        self._expansion = {c: pair.expansion for c, pair in pairs.items()}
         self.transport = transport
         self.codecs = codecs
         self.stats = stats
@@ -92,6 +96,20 @@ class PipelineRuntime:
         self.step = 0
         self.num_microbatches = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
+
+    def _stage_module(self, s: int, layers: nn.Sequential, pairs: dict[int, BottleneckPair]) -> nn.Sequential:
+        """Stage ``s``'s layers, after the decoder of the cut before it and before the encoder of the cut after it."""
+        modules = [layers[i] for i in range(*self.plan.bounds[s])]
+        if s - 1 in pairs:
+            modules.insert(0, pairs[s - 1].decoder)
+        if s in pairs:
+            modules.append(pairs[s].encoder)
+        return nn.Sequential(*modules)
+
+    def _raw_bytes(self, cut: int, j: int, t: Tensor) -> int:
+        """What tensor ``j`` crossing ``cut`` would take uncompressed (before a bottleneck)."""
+        nbytes = t.numel() * t.element_size()
+        return round(nbytes * self._expansion[cut]) if j == 0 and cut in self._expansion else nbytes
 
     @property
     def last_stage(self) -> int:
@@ -225,7 +243,8 @@ class PipelineRuntime:
         buf = codec.encode(t).to_bytes()
         header = Header(kind, self.step, mb, self.num_microbatches, j, n, flags, buf.numel(), checksum(buf))
         nbytes = self.transport.send(peer, header, buf)
-        self.stats.link(LinkKey("send", peer, _KIND_NAMES[kind])).add(nbytes, t.numel() * t.element_size())
+        raw = t.numel() * t.element_size() if kind == Kind.INPUT else self._raw_bytes(cut, j, t)
+        self.stats.link(LinkKey("send", peer, _KIND_NAMES[kind])).add(nbytes, raw)
 
     def _on_nonfinite(self, kind: Kind, cut: int, mb: int, t: Tensor):
         """Raise, or (``nonfinite="skip"``) mark the step and send the values raw so NaN stays NaN."""
@@ -256,9 +275,7 @@ class PipelineRuntime:
             elif h.count != count:
                 raise WireError(f"{self.transport.link(peer, False)}: {what}: message count changed from {count} to {h.count}")
             t = self._decode(got.payload, "activation", cut, mb, j, peer, what)
-            self.stats.link(LinkKey("recv", peer, _KIND_NAMES[kind])).add(
-                got.nbytes, t.numel() * t.element_size(), got.transfer_seconds
-            )
+            self.stats.link(LinkKey("recv", peer, _KIND_NAMES[kind])).add(got.nbytes, self._raw_bytes(cut, j, t), got.transfer_seconds)
             if grad and h.flags & Flag.REQUIRES_GRAD:
                 t = t.detach().requires_grad_()
             tensors.append(t)
@@ -296,7 +313,7 @@ class PipelineRuntime:
                 self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, 0)
                 continue
             g = self._decode(got.payload, "gradient", cut, mb, j, peer, what)
-            self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, g.numel() * g.element_size(), got.transfer_seconds)
+            self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, self._raw_bytes(cut, j, g), got.transfer_seconds)
             grads.append(g)
         return grads
 

@@ -10,6 +10,7 @@ process without the strategy.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import time
@@ -169,17 +170,22 @@ def main() -> None:
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--checkpoint", default="never", help="activation recomputation")
     p.add_argument("--balance", default=None, help="'time', 'parameters' or comma-separated layer counts")
+    p.add_argument("--compressor-kwargs", default="{}", help="JSON, e.g. '{\"ratio\": 0.25}'")
+    p.add_argument("--error-feedback", action="store_true")
     args = p.parse_args()
 
     strategy = EPipeStrategy(
         chunks=args.chunks, compressor=args.compressor, bits=args.bits, placement=args.placement,
         timeout=timedelta(seconds=args.timeout), nonfinite=args.nonfinite, start_method=args.start_method,
-        checkpoint=args.checkpoint,
+        checkpoint=args.checkpoint, compressor_kwargs=json.loads(args.compressor_kwargs),
+        error_feedback=args.error_feedback,
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
     )
     model = TinyNet(optimizer=args.optimizer, manual=args.manual)
     if args.balance == "time":
         model.example_input_array = torch.zeros(8, 16)
+    if args.compressor == "bottleneck":  # real samples: the bottlenecks start from their PCA
+        model.example_input_array = make_data().tensors[0][:64]
     callbacks = []
     extra = dict(gradient_clip_val=args.clip, accumulate_grad_batches=args.accumulate)
     if args.fault:

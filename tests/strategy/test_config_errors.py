@@ -36,6 +36,10 @@ class NoSequential(L.LightningModule):
         (dict(nonfinite="ignore"), "nonfinite"),
         (dict(timeout=5), "timedelta"),
         (dict(balance="memory"), "balance must be"),
+        (dict(error_feedback="gradient"), "error_feedback must be True or False"),
+        (dict(compressor="bottleneck", compressor_kwargs={"ratio": 2}), "ratio must be a number in"),
+        (dict(compressor="bottleneck", compressor_kwargs={"wire": "zip"}), "unknown compressor 'zip'"),
+        (dict(gradient_compressor="bottleneck"), "a bottleneck is a pair of layers on the activation's path"),
     ],
 )
 def test_bad_arguments_raise_at_construction(kwargs, match):
@@ -101,3 +105,8 @@ def test_lightning_cli_builds_the_strategy(tmp_path):
     strategy = cli.trainer.strategy
     assert isinstance(strategy, EPipeStrategy) and strategy.chunks == 8
     assert strategy._compressor_args[0] == "sortquant" and strategy._compressor_args[3]["bits"] == 8
+
+
+def test_bottleneck_without_example_input_is_refused_before_launch():
+    with pytest.raises(ValueError, match=r"bottleneck of cuts \[0, 1, 2\].*example_input_array"):
+        _fit(TinyNet(), compressor="bottleneck")

@@ -1,0 +1,145 @@
+"""Put learned bottlenecks on a LightningModule: build, initialize, place, checkpoint.
+
+The pairs live on the module as ``epipe_bottlenecks`` (an ``nn.ModuleDict`` keyed by cut),
+so ``configure_optimizers`` sees their parameters with the model's, and every rank holds
+real weights only for its half: the encoder of cut ``c`` with the rank of stage ``c``, the
+decoder with the rank of stage ``c + 1`` (the other half becomes meta, like foreign layers).
+Checkpoints keep them apart from the model's own ``state_dict`` (under
+``checkpoint["epipe"]["bottlenecks"]``), so ``load_from_checkpoint`` without the strategy
+still loads the plain model.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from lightning_epipe.compressors.bottleneck import Bottleneck, BottleneckPair
+from lightning_epipe.strategy.metrics_sync import broadcast_json
+from lightning_epipe.strategy.partition import PipelinePlan
+
+__all__ = ["ATTRIBUTE", "install_bottlenecks", "release_foreign_halves", "split_bottleneck_state",
+           "ensure_optimized"]
+
+#: The module attribute holding the pairs, and the prefix of their state-dict keys.
+ATTRIBUTE = "epipe_bottlenecks"
+PREFIX = ATTRIBUTE + "."
+
+
+def cut_activations(layers: nn.Sequential, example: Any, cuts: list[int], plan: PipelinePlan) -> dict[int, Any]:
+    """Stage outputs at ``cuts`` for ``example`` (train mode, no grad; buffers and RNG restored)."""
+    buffers = {name: b.detach().clone() for name, b in layers.named_buffers()}
+    outputs: dict[int, Any] = {}
+    ends = {plan.bounds[c][1]: c for c in cuts}
+    x = example
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        for i, layer in enumerate(layers):
+            if not ends or i >= max(ends):
+                break
+            x = layer(x)
+            if i + 1 in ends:
+                outputs[ends[i + 1]] = x
+    with torch.no_grad():  # BatchNorm running stats must not see the example
+        for name, b in layers.named_buffers():
+            b.copy_(buffers[name])
+    return outputs
+
+
+def _first_shape(x: Any) -> list[int]:
+    t = x[0] if isinstance(x, (tuple, list)) else x
+    return list(t.shape)
+
+
+def install_bottlenecks(
+    module: nn.Module, layers: nn.Sequential, plan: PipelinePlan, specs: dict[int, Bottleneck],
+    rank: int, device: torch.device, saved: Optional[dict[str, Tensor]] = None,
+) -> dict[int, BottleneckPair]:
+    """Build the pairs of ``specs`` (cut -> Bottleneck) on every rank, identical everywhere.
+
+    Rank 0 builds them from the module's ``example_input_array`` (PCA initialization), keeps
+    the ones the module already has (a second ``fit``/``test``), or loads ``saved``
+    (a resumed checkpoint); the other ranks build same-shaped pairs and receive rank 0's
+    weights by broadcast. Call with every layer still real (before foreign layers are released).
+    """
+    if not specs:
+        return {}
+    cuts = sorted(specs)
+    existing = getattr(module, ATTRIBUTE, None)
+    reuse = saved is None and isinstance(existing, nn.ModuleDict) and sorted(existing.keys()) == [str(c) for c in cuts]
+    shapes: Optional[dict[str, Any]] = None
+    pairs: dict[int, BottleneckPair] = {}
+    if rank == 0:
+        if reuse:
+            pairs = {c: existing[str(c)] for c in cuts}
+        else:
+            needed = [c for c in cuts if specs[c].encoder is None]
+            example = getattr(module, "example_input_array", None)
+            if needed and example is None:
+                raise ValueError(
+                    "compressor='bottleneck' sizes and initializes each bottleneck from an activation at its cut:"
+                    " set `self.example_input_array` (the input of the pipelined Sequential; a few real samples"
+                    " give a PCA start) in your LightningModule, or pass Bottleneck(encoder=..., decoder=...)"
+                )
+            acts = cut_activations(layers, example, cuts, plan) if example is not None else {}
+            for c in cuts:
+                spec = specs[c] if saved is None else _without_pca(specs[c])
+                pairs[c] = spec.build(acts.get(c))
+            for c in cuts:
+                pairs[c].example_shape = _first_shape(acts[c]) if c in acts else None
+        shapes = {str(c): {"expansion": pairs[c].expansion, "shape": pairs[c].example_shape} for c in cuts}
+    shapes = broadcast_json(shapes, device)
+    if rank != 0:
+        for c in cuts:
+            info = shapes[str(c)]
+            example = None if info["shape"] is None else torch.zeros(info["shape"])
+            pairs[c] = _without_pca(specs[c]).build(example)
+            pairs[c].expansion = info["expansion"]
+            pairs[c].example_shape = info["shape"]
+    holder = nn.ModuleDict({str(c): pairs[c] for c in cuts})
+    if rank == 0 and saved is not None:
+        holder.load_state_dict({k[len(PREFIX):]: v for k, v in saved.items()}, strict=True)
+    for tensor in holder.state_dict().values():
+        buffer = tensor.detach().to(device)
+        dist.broadcast(buffer, 0)
+        tensor.detach().copy_(buffer)
+    setattr(module, ATTRIBUTE, holder)
+    return pairs
+
+
+def _without_pca(spec: Bottleneck) -> Bottleneck:
+    plain = copy.copy(spec)
+    plain.init = "default"
+    return plain
+
+
+def release_foreign_halves(pairs: dict[int, BottleneckPair], plan: PipelinePlan, rank: int) -> None:
+    """Make the halves this rank does not run meta tensors."""
+    for c, pair in pairs.items():
+        sender, receiver = plan.cut_ranks(c)
+        if sender != rank:
+            pair.encoder.to("meta")
+        if receiver != rank:
+            pair.decoder.to("meta")
+
+
+def split_bottleneck_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(model state without the pairs, the pairs' entries)`` of a full state dict."""
+    model = {k: v for k, v in state.items() if not k.startswith(PREFIX)}
+    pairs = {k: v for k, v in state.items() if k.startswith(PREFIX)}
+    return model, pairs
+
+
+def ensure_optimized(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> list[str]:
+    """Add the pairs' parameters no optimizer holds to the first optimizer; their names."""
+    holder = getattr(module, ATTRIBUTE, None)
+    if holder is None or not optimizers:
+        return []
+    held = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
+    missing = [(n, p) for n, p in holder.named_parameters() if id(p) not in held]
+    if missing:
+        optimizers[0].add_param_group({"params": [p for _, p in missing]})
+    return [n for n, _ in missing]
