@@ -15,8 +15,9 @@ from torch import Tensor
 
 from lightning_epipe.compressors import Compressor, ErrorFeedback, get_compressor
 from lightning_epipe.compressors.bottleneck import BOTTLENECK_KEYS, Bottleneck
+from lightning_epipe.compressors.delta import DeltaCompressor, SampleCache
 
-__all__ = ["CodecSpec", "CodecBook", "resolve_specs"]
+__all__ = ["CodecSpec", "CodecBook", "DeltaConfig", "resolve_specs"]
 
 SpecLike = Union[str, Compressor, Bottleneck]
 
@@ -88,13 +89,30 @@ def resolve_specs(
     return [spec] * (num_cuts or 1)
 
 
+@dataclass(frozen=True)
+class DeltaConfig:
+    """Delta compression of activations: new samples go through ``first``; each cache
+    (one per cut and tensor position, on each side) may hold ``cache_limit`` bytes."""
+
+    first: str = "none"
+    cache_limit: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        get_compressor(self.first)  # an unknown name fails before any process starts
+        if self.cache_limit is not None and (isinstance(self.cache_limit, bool) or not isinstance(self.cache_limit, int)
+                                             or self.cache_limit <= 0):
+            raise ValueError(f"delta_cache_limit must be a positive number of bytes or None, got {self.cache_limit!r}")
+
+
 class CodecBook:
     """Compressor instances per stream, created lazily from per-cut specs."""
 
-    def __init__(self, activation: list[CodecSpec], gradient: list[CodecSpec]) -> None:
+    def __init__(self, activation: list[CodecSpec], gradient: list[CodecSpec], delta: Optional[DeltaConfig] = None) -> None:
         self.specs = {"activation": activation, "gradient": gradient}
         self._streams: dict[tuple[str, int, int, int], Compressor] = {}
         self.raw = get_compressor("none", check_finite=False)
+        self.delta = delta
+        self.caches: dict[tuple[int, int], SampleCache] = {}
 
     def get(self, direction: str, cut: int, slot: int, index: int, tensor: Optional[Tensor] = None) -> Compressor:
         """The compressor of a stream; integer/bool tensors always travel raw."""
@@ -103,8 +121,24 @@ class CodecBook:
         key = (direction, cut, slot, index)
         codec = self._streams.get(key)
         if codec is None:
-            codec = self._streams[key] = self.specs[direction][cut].make()
+            codec = self.specs[direction][cut].make()
+            if self.delta is not None and direction == "activation":
+                codec = DeltaCompressor(inner=codec, first=get_compressor(self.delta.first, check_finite=False),
+                                        cache=self._cache(cut, index), check_finite=False)
+            self._streams[key] = codec
         return codec
+
+    def _cache(self, cut: int, index: int) -> SampleCache:
+        cache = self.caches.get((cut, index))
+        if cache is None:
+            name = f"the activation cache of cut {cut}" + (f", tensor {index}" if index else "")
+            cache = self.caches[(cut, index)] = SampleCache(self.delta.cache_limit, name)
+        return cache
+
+    @property
+    def cache_bytes(self) -> int:
+        """Memory held by this rank's delta-compression caches."""
+        return sum(c.nbytes for c in self.caches.values())
 
     def decoder(self, direction: str, cut: int, slot: int, index: int, codec_id: int) -> Compressor:
         """The compressor able to decode a packet with ``codec_id`` on this stream."""
@@ -113,10 +147,18 @@ class CodecBook:
         return self.get(direction, cut, slot, index)
 
     def state_dict(self) -> dict[str, Any]:
-        return {":".join(map(str, k)): c.state_dict() for k, c in self._streams.items() if c.state_dict()}
+        streams = {":".join(map(str, k)): c.state_dict() for k, c in self._streams.items() if c.state_dict()}
+        caches = {f"cache:{cut}:{index}": c.state_dict() for (cut, index), c in self.caches.items() if c.state_dict()}
+        return {**streams, **caches}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, value in state.items():
+            if name.startswith("cache:"):
+                _, cut, index = name.split(":")
+                if self.delta is None:
+                    raise ValueError("the checkpoint holds delta-compression caches but delta_compression is off")
+                self._cache(int(cut), int(index)).load_state_dict(value)
+                continue
             direction, cut, slot, index = name.split(":")
             self.get(direction, int(cut), int(slot), int(index)).load_state_dict(value)
 

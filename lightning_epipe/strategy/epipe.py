@@ -16,6 +16,7 @@ Lightning glue only: planning lives in ``partition``/``schedule``, the wire in
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from contextlib import contextmanager
@@ -53,12 +54,13 @@ from lightning_epipe.strategy.bottlenecks import (
     release_foreign_halves,
     split_bottleneck_state,
 )
-from lightning_epipe.strategy.codecs import CodecBook, resolve_specs
+from lightning_epipe.strategy.codecs import CodecBook, DeltaConfig, resolve_specs
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, broadcast_json
 from lightning_epipe.strategy.microbatch import batch_size, gather, scatter
 from lightning_epipe.strategy.partition import PLACEMENTS, PipelinePlan, find_pipeline, num_stages_for, plan_pipeline
 from lightning_epipe.strategy.runtime import PipelineRuntime
+from lightning_epipe.strategy.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.server_data import ServerBatches
 from lightning_epipe.strategy.state import flatten_state, gather_tensors, unflatten_state
 from lightning_epipe.strategy.stats import PipelineStats
@@ -71,6 +73,7 @@ log = logging.getLogger(__name__)
 
 CompressorArg = Union[str, Compressor, Sequence[Union[str, Compressor]]]
 _GRAD_ENABLED = 1
+_SAMPLE_IDS = 2  # FORWARD flag: the client's sample ids of this batch follow (delta compression)
 _RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 
 
@@ -81,6 +84,14 @@ def _set_collective_timeout(timeout: timedelta) -> None:
         from torch.distributed.distributed_c10d import _set_pg_timeout
 
         _set_pg_timeout(timeout)
+
+
+def _default_cache_limit() -> int:
+    """A quarter of the machine's physical memory."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 4 << 30
 
 
 def _not_distributed() -> bool:
@@ -113,6 +124,14 @@ class EPipeStrategy(ParallelStrategy):
             ``ratio``, ``stride``, ``wire``, ``init`` for ``compressor="bottleneck"``).
         error_feedback: add each gradient compression's error to the next gradient of the same
             cut and micro-batch slot (:class:`~lightning_epipe.compressors.ErrorFeedback`).
+        delta_compression: AQ-SGD-style: every activation crossing a cut in training is sent as
+            its change since the same training sample last crossed, compressed with the
+            activation codec; both sides of the cut cache one row per training sample
+            (:class:`~lightning_epipe.compressors.delta.DeltaCompressor`). Needs a
+            map-style training DataLoader (the sample indices come from its sampler).
+        delta_first: the codec for a sample's first crossing (default uncompressed).
+        delta_cache_limit: bytes one cache may take (default: a quarter of the machine's
+            memory); a larger one fails at the first step, saying what it would need.
         balance: layers per stage, or ``"parameters"`` (default) / ``"time"`` (measured on the
             LightningModule's ``example_input_array``) to balance automatically.
         pipeline: attribute name of the ``nn.Sequential`` (default: the only one).
@@ -142,6 +161,9 @@ class EPipeStrategy(ParallelStrategy):
         gradient_compressor: Optional[CompressorArg] = None,
         compressor_kwargs: Optional[dict[str, Any]] = None,
         error_feedback: bool = False,
+        delta_compression: bool = False,
+        delta_first: str = "none",
+        delta_cache_limit: Optional[int] = None,
         balance: Union[Sequence[int], Literal["parameters", "time"], None] = None,
         pipeline: Optional[str] = None,
         placement: Literal["client-server", "chain"] = "client-server",
@@ -193,6 +215,10 @@ class EPipeStrategy(ParallelStrategy):
         if not isinstance(error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
+        if not isinstance(delta_compression, bool):
+            raise ValueError(f"delta_compression must be True or False, got {delta_compression!r}")
+        self._delta = DeltaConfig(delta_first, delta_cache_limit or _default_cache_limit()) if delta_compression else None
+        self._sample_ids = SampleIdRecorder()
         self._compressor_args = (compressor, activation_compressor, gradient_compressor, kwargs)
         self._check_compressors(num_cuts=None)
         self.stats = PipelineStats()
@@ -282,7 +308,7 @@ class EPipeStrategy(ParallelStrategy):
             )
         # a bottleneck's code travels back as a gradient of the same size: the gradient codec
         # of that cut (unless set separately) is the bottleneck's wire codec
-        return CodecBook(activation, gradient)
+        return CodecBook(activation, gradient, getattr(self, "_delta", None))
 
     def check_model(self, model: LightningModule) -> PipelinePlan:
         """Validate the module against this configuration; raises before any process starts."""
@@ -446,6 +472,8 @@ class EPipeStrategy(ParallelStrategy):
     def process_dataloader(self, dataloader: object) -> object:
         """Servers never read data: they iterate placeholders, as many as the client's batches."""
         if self.is_client:
+            if self._delta is not None and self.lightning_module.trainer.training:
+                return self._sample_ids.wrap(dataloader)
             return dataloader
         try:
             return ServerBatches(len(dataloader))  # type: ignore[arg-type]
@@ -464,9 +492,15 @@ class EPipeStrategy(ParallelStrategy):
             )
         runtime = self.runtime
         microbatches = scatter(inputs, self.chunks)
-        runtime.begin_step(len(microbatches))
         grad = torch.is_grad_enabled()
-        runtime.command(Command.FORWARD, len(microbatches), flags=_GRAD_ENABLED if grad else 0)
+        ids = None
+        if self._delta is not None and grad and self.lightning_module.trainer.training:
+            ids = self._sample_ids.pop(batch_size(inputs))
+        runtime.begin_step(len(microbatches), None if ids is None else scatter(ids, self.chunks), self._sample_ids.num_samples)
+        flags = (_GRAD_ENABLED if grad else 0) | (_SAMPLE_IDS if ids is not None else 0)
+        runtime.command(Command.FORWARD, len(microbatches), flags=flags)
+        if ids is not None:
+            runtime.send_sample_ids(ids, self._sample_ids.num_samples)
         outputs = runtime.forward(microbatches)
         self.stats.samples += batch_size(inputs)
         self.stats.steps += 1
@@ -510,6 +544,9 @@ class EPipeStrategy(ParallelStrategy):
             msg = runtime.next_command()
             if msg.command == Command.FORWARD:
                 runtime.begin_step(msg.num_microbatches)
+                if msg.flags & _SAMPLE_IDS:
+                    ids, num_samples = runtime.recv_sample_ids()
+                    runtime.sample_ids, runtime.num_samples = scatter(ids, msg.num_microbatches), num_samples
                 with torch.set_grad_enabled(bool(msg.flags & _GRAD_ENABLED)):
                     runtime.forward()
                 forwarded = True

@@ -18,7 +18,8 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from lightning_epipe.compressors import BottleneckPair, Packet, PacketError
+from lightning_epipe.compressors import BottleneckPair, Compressor, Packet, PacketError
+from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.microbatch import Batch, flatten, unflatten
 from lightning_epipe.strategy.partition import PipelinePlan
@@ -95,6 +96,8 @@ class PipelineRuntime:
         self.checkpoint = checkpoint  # "always" | "except_last" | "never"
         self.step = 0
         self.num_microbatches = 0
+        self.sample_ids: Optional[list[Tensor]] = None  # [b] dataset indices per micro-batch (delta compression)
+        self.num_samples = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
 
     def _stage_module(self, s: int, layers: nn.Sequential, pairs: dict[int, BottleneckPair]) -> nn.Sequential:
@@ -145,14 +148,33 @@ class PipelineRuntime:
 
     # ------------------------------------------------------------------ forward
 
-    def begin_step(self, num_microbatches: int) -> None:
+    def send_sample_ids(self, ids: Tensor, num_samples: int) -> None:
+        """Client only: tell every server which dataset samples this step's batch holds (ids [B] int64)."""
+        payload = ids.to(device=self.transport.device, dtype=torch.int64).contiguous().view(torch.uint8)
+        for peer in range(1, self.plan.num_ranks):
+            header = Header(Kind.SAMPLES, self.step, 0, self.num_microbatches, 0, 1, 0, payload.numel(), checksum(payload), arg=num_samples)
+            self.transport.send(peer, header, payload)
+
+    def recv_sample_ids(self) -> tuple[Tensor, int]:
+        """Server only: the ids [B] the client sent for this step, and the training set's size."""
+        got = self.transport.recv(0, f"sample ids of step {self.step}", kind=Kind.SAMPLES, step=self.step)
+        if got.payload is None or got.payload.numel() % 8:
+            raise WireError(f"{self.transport.link(0, False)}: sample ids of step {self.step}: payload is not int64")
+        return got.payload.view(torch.int64).clone(), got.header.arg
+
+    def begin_step(self, num_microbatches: int, sample_ids: Optional[list[Tensor]] = None, num_samples: int = 0) -> None:
+        """Start a step of ``num_microbatches``; ``sample_ids``: the [b] dataset indices of each
+        micro-batch's rows when activations are delta-compressed (training only)."""
         if self._saved:
             raise RuntimeError(
                 "a new pipeline forward started while the previous one still waits for its backward: call the"
                 " pipelined Sequential once per step, and backward the loss that depends on it"
             )
+        if sample_ids is not None and len(sample_ids) != num_microbatches:
+            raise RuntimeError(f"{len(sample_ids)} lists of sample ids for {num_microbatches} micro-batches")
         self.step += 1
         self.num_microbatches = num_microbatches
+        self.sample_ids, self.num_samples = sample_ids, num_samples
         self.nonfinite_seen = False
 
     def forward(self, microbatches: Optional[list[Batch]] = None) -> Optional[list[Any]]:
@@ -236,7 +258,7 @@ class PipelineRuntime:
 
     def _send_one(self, kind: Kind, peer: int, cut: int, mb: int, j: int, n: int, t: Tensor, flags: int) -> None:
         direction = "gradient" if kind == Kind.GRADIENT else "activation"
-        codec = self.codecs.raw if kind == Kind.INPUT else self.codecs.get(direction, cut, mb, j, t)
+        codec = self.codecs.raw if kind == Kind.INPUT else self._bound(self.codecs.get(direction, cut, mb, j, t), mb)
         if self.nonfinite != "allow" and kind != Kind.INPUT and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             codec = self._on_nonfinite(kind, cut, mb, t)
             flags |= Flag.NONFINITE
@@ -245,6 +267,12 @@ class PipelineRuntime:
         nbytes = self.transport.send(peer, header, buf)
         raw = t.numel() * t.element_size() if kind == Kind.INPUT else self._raw_bytes(cut, j, t)
         self.stats.link(LinkKey("send", peer, _KIND_NAMES[kind])).add(nbytes, raw)
+
+    def _bound(self, codec: Compressor, mb: int) -> Compressor:
+        """A delta codec learns the sample ids of micro-batch ``mb`` (``None`` outside training)."""
+        if isinstance(codec, DeltaCompressor):
+            codec.bind(None if self.sample_ids is None else self.sample_ids[mb], self.num_samples)
+        return codec
 
     def _on_nonfinite(self, kind: Kind, cut: int, mb: int, t: Tensor):
         """Raise, or (``nonfinite="skip"``) mark the step and send the values raw so NaN stays NaN."""
@@ -288,7 +316,7 @@ class PipelineRuntime:
             raise WireError(f"{link}: {what}: message {j} has no payload")
         try:
             packet = Packet.from_bytes(payload)
-            return self.codecs.decoder(direction, cut, mb, j, packet.codec).decode(packet)
+            return self._bound(self.codecs.decoder(direction, cut, mb, j, packet.codec), mb).decode(packet)
         except PacketError as err:
             raise WireError(f"{link}: {what}: message {j}: {err}") from err
 

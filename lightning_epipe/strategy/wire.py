@@ -34,6 +34,7 @@ class Kind(enum.IntEnum):
     GRADIENT = 3
     INPUT = 4
     STATE = 5
+    SAMPLES = 6  # the dataset indices of a training batch (delta compression)
 
 
 class Flag(enum.IntFlag):
