@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 __all__ = ["SampleIdRecorder"]
 
@@ -59,7 +59,7 @@ class SampleIdRecorder:
     def wrap(self, dataloader: Any) -> Any:
         """Record the indices ``dataloader`` draws (it is changed in place and returned)."""
         sampler = getattr(dataloader, "batch_sampler", None)
-        if not isinstance(dataloader, DataLoader) or sampler is None:
+        if not isinstance(dataloader, DataLoader) or sampler is None or isinstance(dataloader.dataset, IterableDataset):
             raise ValueError(
                 "delta compression keys its caches by each sample's index in the training set: the training data"
                 f" must be a torch DataLoader over a map-style dataset with a batch size, got {type(dataloader).__name__}"
