@@ -8,6 +8,7 @@ state per stream, so every stream gets its own instance, made on first use.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
@@ -17,9 +18,12 @@ from lightning_epipe.compressors import Compressor, ErrorFeedback, get_compresso
 from lightning_epipe.compressors.bottleneck import BOTTLENECK_KEYS, Bottleneck
 from lightning_epipe.compressors.delta import DeltaCompressor, SampleCache
 
-__all__ = ["CodecSpec", "CodecBook", "DeltaConfig", "resolve_specs"]
+__all__ = ["CodecSpec", "CodecBook", "DeltaConfig", "resolve_specs", "AUTO_KEYS"]
 
 SpecLike = Union[str, Compressor, Bottleneck]
+#: ``compressor_kwargs`` keys of ``compressor="auto"`` (not passed to any codec).
+AUTO_KEYS = ("error_budget", "retune_every")
+_NOT_CODEC_KEYS = BOTTLENECK_KEYS + AUTO_KEYS
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class CodecSpec:
     prototype: Optional[Compressor] = None
     feedback: bool = False
     bottleneck: Optional[Bottleneck] = None
+    auto: bool = False  # compressor="auto": the codec is chosen (and changed) while training
 
     def make(self) -> Compressor:
         if self.prototype is not None:
@@ -55,20 +60,24 @@ class CodecSpec:
             text = f"{self.name}({args})" if args else str(self.name)
         if self.bottleneck is not None:
             text = f"{self.bottleneck.describe()}+{text}"
+        if self.auto:
+            text = f"auto:{text}"
         return f"errorfeedback({text})" if self.feedback else text
 
 
 def _spec(value: SpecLike, kwargs: dict, feedback: bool) -> CodecSpec:
+    if isinstance(value, str) and value == "auto":  # uncompressed until the first decision
+        return CodecSpec("none", {"check_finite": False}, feedback=feedback, auto=True)
     if isinstance(value, str) and value == "bottleneck":
         value = Bottleneck(**{k: v for k, v in kwargs.items() if k in BOTTLENECK_KEYS},
-                           **{k: v for k, v in kwargs.items() if k not in BOTTLENECK_KEYS})
+                           **{k: v for k, v in kwargs.items() if k not in _NOT_CODEC_KEYS})
     if isinstance(value, Bottleneck):
         wire = _spec(value.wire, value.wire_kwargs, feedback)
         return CodecSpec(wire.name, wire.kwargs, feedback=feedback, bottleneck=value)
     if isinstance(value, Compressor):
         return CodecSpec(prototype=value, feedback=feedback)
     if isinstance(value, str):
-        kwargs = {k: v for k, v in kwargs.items() if k not in BOTTLENECK_KEYS}
+        kwargs = {k: v for k, v in kwargs.items() if k not in _NOT_CODEC_KEYS}
         spec = CodecSpec(name=value, kwargs={**kwargs, "check_finite": False}, feedback=feedback)
         spec.make()  # unknown names and bad arguments fail here, before any process starts
         return spec
@@ -164,6 +173,21 @@ class CodecBook:
 
     def describe(self) -> dict[str, list[str]]:
         return {d: [s.describe() for s in specs] for d, specs in self.specs.items()}
+
+    def auto_links(self) -> list[tuple[str, int]]:
+        """``(direction, cut)`` of every stream family whose codec ``compressor="auto"`` chooses."""
+        return [(d, c) for d in ("activation", "gradient") for c, s in enumerate(self.specs[d]) if s.auto]
+
+    def is_auto(self, direction: str, cut: int) -> bool:
+        return self.specs[direction][cut].auto
+
+    def choose(self, direction: str, cut: int, name: str, kwargs: dict) -> None:
+        """Switch an auto link to codec ``name``: its streams restart (their state is dropped)."""
+        spec = self.specs[direction][cut]
+        self.specs[direction] = list(self.specs[direction])
+        self.specs[direction][cut] = dataclasses.replace(spec, name=name, kwargs={**kwargs, "check_finite": False})
+        for key in [k for k in self._streams if k[0] == direction and k[1] == cut]:
+            del self._streams[key]
 
     def bottlenecks(self) -> dict[int, Bottleneck]:
         """Cut -> the learned bottleneck to put there (cuts without one are left out)."""

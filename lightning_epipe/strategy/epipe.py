@@ -54,7 +54,7 @@ from lightning_epipe.strategy.bottlenecks import (
     release_foreign_halves,
     split_bottleneck_state,
 )
-from lightning_epipe.strategy.codecs import CodecBook, DeltaConfig, resolve_specs
+from lightning_epipe.strategy.codecs import AUTO_KEYS, CodecBook, DeltaConfig, resolve_specs
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, broadcast_json
 from lightning_epipe.strategy.microbatch import batch_size, gather, scatter
@@ -65,6 +65,7 @@ from lightning_epipe.strategy.server_data import ServerBatches
 from lightning_epipe.strategy.state import flatten_state, gather_tensors, unflatten_state
 from lightning_epipe.strategy.stats import PipelineStats
 from lightning_epipe.strategy.transport import Transport
+from lightning_epipe.strategy.tuning import AutoTuner
 from lightning_epipe.strategy.wire import Command
 
 __all__ = ["EPipeStrategy"]
@@ -116,7 +117,9 @@ class EPipeStrategy(ParallelStrategy):
         chunks: micro-batches per batch (a smaller last batch runs as fewer).
         compressor: codec for everything crossing a cut: a name from
             ``lightning_epipe.compressors.available_compressors()``, a ``Compressor`` instance,
-            or a list with one per cut.
+            ``"bottleneck"`` (a learned encoder/decoder pair per cut), ``"auto"`` (chosen per
+            link from measured bandwidth and codec speed within an error budget; keys
+            ``error_budget`` and ``retune_every`` in ``compressor_kwargs``), or a list with one per cut.
         bits: bit width for the quantizing codecs (``sortquant``, ``quantize``, ``topk``).
         activation_compressor: overrides ``compressor`` for activations (forward).
         gradient_compressor: overrides ``compressor`` for gradients (backward).
@@ -221,6 +224,8 @@ class EPipeStrategy(ParallelStrategy):
         self._sample_ids = SampleIdRecorder()
         self._compressor_args = (compressor, activation_compressor, gradient_compressor, kwargs)
         self._check_compressors(num_cuts=None)
+        auto = any(isinstance(c, str) and c == "auto" for c in (compressor, activation_compressor, gradient_compressor))
+        self._tuner = AutoTuner(**{k: kwargs[k] for k in AUTO_KEYS if k in kwargs}) if auto else None
         self.stats = PipelineStats()
         self._plan: Optional[PipelinePlan] = None
         self._runtime: Optional[PipelineRuntime] = None
@@ -288,6 +293,11 @@ class EPipeStrategy(ParallelStrategy):
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.num_processes
+
+    @property
+    def auto_choices(self) -> dict[str, str]:
+        """``compressor="auto"``: the codec chosen per link so far, e.g. ``{"activation/cut0": "fp16"}``."""
+        return self._tuner.describe() if self._tuner is not None else {}
 
     def compressor_description(self) -> dict[str, list[str]]:
         """The codec per cut and direction, e.g. ``{"activation": ["sortquant(bits=8)", ...]}``."""
@@ -767,6 +777,8 @@ class EPipeStrategy(ParallelStrategy):
         extra = {"balance": list(self.plan.balance), "placement": self.placement, "ranks": unflatten_state(merged)}
         if self._bottleneck_state:
             extra["bottlenecks"] = self._bottleneck_state
+        if self._tuner is not None:
+            extra["auto"] = self._tuner.state_dict()
         return extra
 
     @override
@@ -785,9 +797,18 @@ class EPipeStrategy(ParallelStrategy):
         return state.get("ranks", {}).get(str(self.global_rank))
 
     def _restore_codec_state(self, state: dict[str, Any]) -> None:
+        if self._tuner is not None and "auto" in state:  # the codecs in force first, then their streams' state
+            self._tuner.load_state_dict(state["auto"], self._codecs)
         mine = self._rank_resume_state(state)
         if mine and mine.get("codecs"):
             self._codecs.load_state_dict(mine["codecs"])
+
+    @override
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """``compressor="auto"``: every rank probes and decides at the same step (a collective)."""
+        if self._tuner is not None and self._runtime is not None:
+            step = self.lightning_module.trainer.global_step
+            self._tuner.maybe_retune(step, self.plan, self.global_rank, self._codecs, self._runtime.samples, self.root_device)
 
     @override
     def on_train_start(self) -> None:

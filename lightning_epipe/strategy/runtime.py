@@ -96,6 +96,7 @@ class PipelineRuntime:
         self.checkpoint = checkpoint  # "always" | "except_last" | "never"
         self.step = 0
         self.num_microbatches = 0
+        self.samples: dict[tuple[str, int], Tensor] = {}  # (direction, cut) -> last tensor sent on an auto link
         self.sample_ids: Optional[list[Tensor]] = None  # [b] dataset indices per micro-batch (delta compression)
         self.num_samples = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
@@ -259,6 +260,8 @@ class PipelineRuntime:
     def _send_one(self, kind: Kind, peer: int, cut: int, mb: int, j: int, n: int, t: Tensor, flags: int) -> None:
         direction = "gradient" if kind == Kind.GRADIENT else "activation"
         codec = self.codecs.raw if kind == Kind.INPUT else self._bound(self.codecs.get(direction, cut, mb, j, t), mb)
+        if kind != Kind.INPUT and j == 0 and t.is_floating_point() and self.codecs.is_auto(direction, cut):
+            self.samples[(direction, cut)] = t  # what compressor="auto" profiles the codecs on
         if self.nonfinite != "allow" and kind != Kind.INPUT and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             codec = self._on_nonfinite(kind, cut, mb, t)
             flags |= Flag.NONFINITE

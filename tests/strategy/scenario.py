@@ -215,7 +215,8 @@ def main() -> None:
         torch.save(
             {"losses": model.losses, "val_losses": model.val_losses, "state_dict": model.state_dict(),
              "predictions": torch.cat(predictions), "callback_metrics": callback_metrics,
-             "stats": {k.label(0): v.as_list() for k, v in strategy.stats.links.items()}},
+             "stats": {k.label(0): v.as_list() for k, v in strategy.stats.links.items()},
+             "auto": strategy.auto_choices},
             args.out,
         )
     else:

@@ -1,0 +1,348 @@
+"""``compressor="auto"``: pick a codec per cut and direction from measured speeds.
+
+Given, for one direction of one cut (activations forward, gradients backward), the raw
+bytes of a message, the link's measured bandwidth and a :class:`CodecProfile` per candidate
+codec (``lightning_epipe.compressors.profile.profile_codecs`` on a sample of that
+message), :func:`choose_codec` picks the codec with the least predicted time per message
+among those whose relative error is within the direction's error budget. The model is
+
+    t = encode_s + ratio * raw_nbytes / bandwidth + decode_s
+
+i.e. a message's transfer is not overlapped with its own encode and decode (the sender
+encodes, then sends; the receiver receives all of it, then decodes). Overlap with *other*
+messages' compute is ignored, so the model favours compression slightly less than a
+pipeline that hides transfers would; with an infinitely fast link every codec only costs
+its encode and decode time and the cheapest one (normally ``none``) wins.
+
+Profiles are taken on a tensor of the link's message size: their seconds are used as they
+are, not rescaled to ``raw_nbytes``.
+
+    >>> from lightning_epipe.compressors.profile import CodecProfile
+    >>> profiles = [CodecProfile("none", "none", {}, 1.0, 0.0, 1e-5, 1e-5),
+    ...             CodecProfile("fp16", "fp16", {}, 0.5, 2e-4, 1e-4, 1e-4)]
+    >>> choose_codec(profiles, 4_000_000, 50e6, 0.02, cut=0, direction="activation").label
+    'fp16'
+
+Pure: no processes, sockets or torch.distributed; choices travel to every rank as JSON
+(:func:`choices_to_json`, :func:`choices_from_json`), never as pickles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lightning_epipe.compressors.profile import CodecProfile
+
+__all__ = [
+    "ACTIVATION_ERROR_BUDGET",
+    "GRADIENT_ERROR_BUDGET",
+    "DIRECTIONS",
+    "LinkChoice",
+    "LinkMeasurement",
+    "predicted_seconds",
+    "choose_codec",
+    "choose_all",
+    "needs_retune",
+    "default_error_budget",
+    "choices_to_json",
+    "choices_from_json",
+    "format_choices",
+]
+
+DIRECTIONS = ("activation", "gradient")
+
+# Default budgets on the relative L2 error ||y - x|| / ||x|| of one message. Activations:
+# the 8-bit codecs (quantize 8 ~0.003-0.009, sortquant 8 ~0.008-0.015, lloydmax 8 ~0.004,
+# see benchmarks/README.md section 5) kept test accuracy equal to uncompressed in the
+# accuracy report, while sortquant at 4 bits (~0.1-0.17) and below, topk 10% (~0.6) and
+# powersgd rank 4 (~0.8) lost accuracy or collapsed: 0.02 admits the first group and
+# excludes the second. Gradients tolerate more (SGD averages their noise over steps and
+# micro-batches; 8-bit codecs already measure ~0.05 on real gradients), so 0.1.
+ACTIVATION_ERROR_BUDGET = 0.02
+GRADIENT_ERROR_BUDGET = 0.1
+
+#: Predicted times within this relative distance are a tie (broken toward lower error).
+TIE_RTOL = 1e-9
+
+
+def default_error_budget(direction: str) -> float:
+    """The module's budget for ``"activation"`` or ``"gradient"``."""
+    _check_direction(direction)
+    return ACTIVATION_ERROR_BUDGET if direction == "activation" else GRADIENT_ERROR_BUDGET
+
+
+@dataclass(frozen=True)
+class LinkChoice:
+    """The codec chosen for one direction of one cut, and why.
+
+    seconds: predicted time per message of the chosen codec; baseline_seconds: that of
+    ``none`` (the uncompressed message); error: the chosen codec's measured relative
+    error; reason: one line for the log. Rebuild the codec with
+    ``get_compressor(choice.name, **choice.kwargs)``.
+    """
+
+    cut: int
+    direction: str
+    label: str
+    name: str
+    kwargs: dict[str, Any] = field(hash=False)
+    seconds: float
+    baseline_seconds: float
+    error: float
+    reason: str
+
+    @property
+    def speedup(self) -> float:
+        """baseline_seconds / seconds (inf when the chosen codec is predicted free)."""
+        return math.inf if self.seconds == 0 else self.baseline_seconds / self.seconds
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """What :func:`choose_codec` needs for one direction of one cut.
+
+    raw_nbytes: bytes of one uncompressed message; bandwidth: bytes per second of the link
+    (> 0, ``inf`` for unlimited); profiles: one per candidate codec, measured on such a
+    message; error_budget: None takes :func:`default_error_budget` of the direction.
+    """
+
+    cut: int
+    direction: str
+    raw_nbytes: int
+    bandwidth: float
+    profiles: tuple[CodecProfile, ...]
+    error_budget: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_cut(self.cut)
+        _check_direction(self.direction)
+        _check_raw_nbytes(self.raw_nbytes)
+        _check_bandwidth(self.bandwidth)
+        object.__setattr__(self, "profiles", _check_profiles(self.profiles))
+        if self.error_budget is not None:
+            _check_budget(self.error_budget)
+
+    @property
+    def budget(self) -> float:
+        """The error budget in force: the given one or the direction's default."""
+        if self.error_budget is None:
+            return default_error_budget(self.direction)
+        return self.error_budget
+
+
+def predicted_seconds(profile: CodecProfile, raw_nbytes: int, bandwidth: float) -> float:
+    """``encode_s + ratio * raw_nbytes / bandwidth + decode_s`` for one message.
+
+    raw_nbytes: uncompressed bytes (>= 0); bandwidth: bytes/s (> 0, may be ``inf``).
+    """
+    _check_raw_nbytes(raw_nbytes)
+    _check_bandwidth(bandwidth)
+    return profile.encode_s + profile.ratio * raw_nbytes / bandwidth + profile.decode_s
+
+
+def choose_codec(profiles: Sequence[CodecProfile], raw_nbytes: int, bandwidth: float,
+                 error_budget: float, cut: int, direction: str) -> LinkChoice:
+    """The fastest codec whose error is within ``error_budget``.
+
+    Among the profiles with ``error <= error_budget``, the least
+    :func:`predicted_seconds`; predicted times equal within ``TIE_RTOL`` go to the lower
+    error, then to the earlier profile. ``none`` (error 0) is always eligible; the baseline
+    is its predicted time, or ``raw_nbytes / bandwidth`` when no ``none`` profile is given.
+
+    Raises ValueError for no profiles, a negative or NaN budget, a bad cut, direction,
+    size or bandwidth, and when no profile is within the budget (give a ``none`` one).
+    """
+    profiles = _check_profiles(profiles)
+    _check_budget(error_budget)
+    _check_cut(cut)
+    _check_direction(direction)
+    _check_raw_nbytes(raw_nbytes)
+    _check_bandwidth(bandwidth)
+    timed = [(predicted_seconds(p, raw_nbytes, bandwidth), p) for p in profiles]
+    eligible = [(s, p) for s, p in timed if p.error <= error_budget]
+    if not eligible:
+        errors = ", ".join(f"{p.label} {p.error:.3g}" for p in profiles)
+        raise ValueError(f"cut {cut} {direction}: no codec within error budget "
+                         f"{error_budget:g} (errors: {errors}); add a 'none' candidate or "
+                         "raise the budget")
+    fastest = min(s for s, _ in eligible)
+    tied = [(s, p) for s, p in eligible if math.isclose(s, fastest, rel_tol=TIE_RTOL)
+            or s == fastest]
+    seconds, best = min(tied, key=lambda sp: sp[1].error)  # min keeps the first on ties
+    nones = [s for s, p in timed if p.name == "none"]
+    baseline = min(nones) if nones else raw_nbytes / bandwidth
+    runner_up = [(s, p) for s, p in eligible if p is not best]
+    over = len(timed) - len(eligible)
+    reason = _reason(best, seconds, baseline, bool(nones), bandwidth, error_budget,
+                     min(runner_up, key=lambda sp: sp[0]) if runner_up else None, over)
+    return LinkChoice(cut=cut, direction=direction, label=best.label, name=best.name,
+                      kwargs=dict(best.kwargs), seconds=seconds, baseline_seconds=baseline,
+                      error=best.error, reason=reason)
+
+
+def choose_all(measurements: Iterable[LinkMeasurement]) -> list[LinkChoice]:
+    """:func:`choose_codec` for each measurement, in order; one per (cut, direction)."""
+    choices: list[LinkChoice] = []
+    seen: set[tuple[int, str]] = set()
+    for m in measurements:
+        if not isinstance(m, LinkMeasurement):
+            raise ValueError(f"choose_all takes LinkMeasurement entries, got {m!r}")
+        if (m.cut, m.direction) in seen:
+            raise ValueError(f"cut {m.cut} {m.direction} is measured twice; give one "
+                             "LinkMeasurement per (cut, direction)")
+        seen.add((m.cut, m.direction))
+        choices.append(choose_codec(m.profiles, m.raw_nbytes, m.bandwidth, m.budget,
+                                    m.cut, m.direction))
+    return choices
+
+
+def needs_retune(old: LinkMeasurement | float, new_bandwidth: float,
+                 tolerance: float = 0.5) -> bool:
+    """Whether the bandwidth drifted enough to choose again.
+
+    True when ``|new - old| / old > tolerance`` (old: the bandwidth the choice was made
+    for, or its LinkMeasurement). With the default 0.5, dropping to below half or rising
+    above 1.5x retunes. An unlimited (inf) bandwidth changes only by becoming finite.
+    """
+    old_bandwidth = old.bandwidth if isinstance(old, LinkMeasurement) else old
+    _check_bandwidth(old_bandwidth, "old bandwidth")
+    _check_bandwidth(new_bandwidth, "new bandwidth")
+    if (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+            or math.isnan(tolerance) or tolerance < 0):
+        raise ValueError(f"needs_retune: tolerance must be a number >= 0 (a relative "
+                         f"change, 0.5 = 50%), got {tolerance!r}")
+    if math.isinf(old_bandwidth) or math.isinf(new_bandwidth):
+        return old_bandwidth != new_bandwidth
+    return abs(new_bandwidth - old_bandwidth) / old_bandwidth > tolerance
+
+
+# -- JSON (choices are broadcast to every rank as text) -------------------------------------
+
+_FIELDS = tuple(f.name for f in fields(LinkChoice))
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def choices_to_json(choices: Iterable[LinkChoice]) -> list[dict[str, Any]]:
+    """Plain dicts (``json.dumps``-able) of the choices; :func:`choices_from_json` inverts.
+
+    Raises ValueError for a kwargs value that is not a JSON scalar (it would not come
+    back equal).
+    """
+    out = []
+    for choice in choices:
+        if not isinstance(choice, LinkChoice):
+            raise ValueError(f"choices_to_json takes LinkChoice entries, got {choice!r}")
+        for key, value in choice.kwargs.items():
+            if not isinstance(value, _JSON_SCALARS):
+                raise ValueError(f"{choice.label}: kwarg {key}={value!r} is not a JSON "
+                                 "scalar (str, int, float, bool, None); it cannot be "
+                                 "broadcast as JSON")
+        out.append({name: getattr(choice, name) for name in _FIELDS}
+                   | {"kwargs": dict(choice.kwargs)})
+    return out
+
+
+def choices_from_json(data: str | Sequence[Mapping[str, Any]]) -> list[LinkChoice]:
+    """LinkChoices from :func:`choices_to_json`'s list, or from its ``json.dumps`` text."""
+    if isinstance(data, (str, bytes)):
+        data = json.loads(data)
+    if not isinstance(data, list):
+        raise ValueError(f"choices_from_json takes a list of dicts, got {type(data).__name__}")
+    choices = []
+    for i, entry in enumerate(data):
+        if not isinstance(entry, Mapping) or set(entry) != set(_FIELDS):
+            keys = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
+            raise ValueError(f"choice {i}: expected the keys {sorted(_FIELDS)}, got {keys}")
+        _check_cut(entry["cut"])
+        _check_direction(entry["direction"])
+        for name in ("label", "name", "reason"):
+            if not isinstance(entry[name], str):
+                raise ValueError(f"choice {i}: {name} must be a str, got {entry[name]!r}")
+        if not isinstance(entry["kwargs"], Mapping):
+            raise ValueError(f"choice {i}: kwargs must be a dict, got {entry['kwargs']!r}")
+        numbers = {}
+        for name in ("seconds", "baseline_seconds", "error"):
+            value = entry[name]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"choice {i}: {name} must be a number, got {value!r}")
+            numbers[name] = float(value)
+        choices.append(LinkChoice(cut=entry["cut"], direction=entry["direction"],
+                                  label=entry["label"], name=entry["name"],
+                                  kwargs=dict(entry["kwargs"]), reason=entry["reason"],
+                                  **numbers))
+    return choices
+
+
+def format_choices(choices: Iterable[LinkChoice]) -> str:
+    """One log line per choice: ``cut 0 activation -> sortquant(bits=8): <reason>``."""
+    return "\n".join(f"cut {c.cut} {c.direction} -> {c.label}: {c.reason}" for c in choices)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def _reason(best: CodecProfile, seconds: float, baseline: float, has_none: bool,
+            bandwidth: float, budget: float, runner_up: tuple[float, CodecProfile] | None,
+            over: int) -> str:
+    link = "unlimited bandwidth" if math.isinf(bandwidth) else f"{bandwidth / 1e6:.1f} MB/s"
+    base = "none" if has_none else "uncompressed (no 'none' profile, codec cost 0)"
+    parts = [f"{best.label}: {_ms(seconds)} ms/msg vs {base} {_ms(baseline)} ms/msg on {link}",
+             f"error {best.error:.3g} <= budget {budget:g}"]
+    if runner_up is None:
+        parts.append("no other codec within budget")
+    else:
+        parts.append(f"next best {runner_up[1].label} {_ms(runner_up[0])} ms")
+    if over:
+        parts.append(f"{over} over budget")
+    return "; ".join(parts)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g}"
+
+
+def _check_profiles(profiles: object) -> tuple[CodecProfile, ...]:
+    if isinstance(profiles, (str, bytes)) or not isinstance(profiles, Iterable):
+        raise ValueError(f"profiles must be a sequence of CodecProfile, got {profiles!r}")
+    profiles = tuple(profiles)
+    if not profiles:
+        raise ValueError("no codec profiles to choose from; profile at least 'none' "
+                         "(profile_codecs(sample, [('none', {})]))")
+    for p in profiles:
+        if not isinstance(p, CodecProfile):
+            raise ValueError(f"profiles must be CodecProfile entries, got {p!r}")
+    return profiles
+
+
+def _check_budget(budget: object) -> None:
+    if (isinstance(budget, bool) or not isinstance(budget, (int, float))
+            or math.isnan(budget) or budget < 0):
+        raise ValueError(f"error budget must be a number >= 0 (a relative L2 error; 0 "
+                         f"allows only lossless codecs), got {budget!r}")
+
+
+def _check_cut(cut: object) -> None:
+    if isinstance(cut, bool) or not isinstance(cut, int) or cut < 0:
+        raise ValueError(f"cut must be an integer >= 0 (the index of the cut between two "
+                         f"stages), got {cut!r}")
+
+
+def _check_direction(direction: object) -> None:
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+
+
+def _check_raw_nbytes(raw_nbytes: object) -> None:
+    if isinstance(raw_nbytes, bool) or not isinstance(raw_nbytes, int) or raw_nbytes < 0:
+        raise ValueError(f"raw_nbytes must be an integer >= 0 (bytes of one uncompressed "
+                         f"message), got {raw_nbytes!r}")
+
+
+def _check_bandwidth(bandwidth: object, what: str = "bandwidth") -> None:
+    if (isinstance(bandwidth, bool) or not isinstance(bandwidth, (int, float))
+            or math.isnan(bandwidth) or bandwidth <= 0):
+        raise ValueError(f"{what} must be a number of bytes/s > 0 (float('inf') for an "
+                         f"unlimited link), got {bandwidth!r}")

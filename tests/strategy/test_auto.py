@@ -1,0 +1,33 @@
+"""compressor="auto" across real processes: every link probed, profiled and decided at the
+same step on both of its ends; a zero error budget keeps training exact."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from tests.helpers import ROOT, run_ranks
+from tests.strategy.scenario import reference
+
+SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
+
+
+def test_every_link_gets_a_codec_within_budget_and_training_goes_on(tmp_path):
+    out = tmp_path / "r.pt"
+    _, log = run_ranks(SCRIPT, "--out", out, "--steps", 8, "--compressor", "auto",
+                       "--compressor-kwargs", json.dumps({"retune_every": 3}), timeout=240)
+    got = torch.load(out, weights_only=False)
+    assert sorted(got["auto"]) == sorted(f"{d}/cut{c}" for d in ("activation", "gradient") for c in range(3))
+    assert "EPipeStrategy compressor='auto' at step 1:" in log and "ms/msg" in log
+    assert len(got["losses"]) == 8 and all(torch.isfinite(torch.tensor(got["losses"])))
+
+
+def test_zero_error_budget_picks_lossless_codecs_and_stays_exact(tmp_path):
+    out = tmp_path / "r.pt"
+    run_ranks(SCRIPT, "--out", out, "--steps", 6, "--compressor", "auto",
+              "--compressor-kwargs", json.dumps({"error_budget": 0.0, "retune_every": 2}), timeout=240)
+    got = torch.load(out, weights_only=False)
+    assert set(got["auto"].values()) == {"none"}
+    ref = reference(steps=6, batch_size=16)
+    torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref.losses), rtol=1e-5, atol=1e-6)
