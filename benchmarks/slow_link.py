@@ -27,12 +27,13 @@ from benchmarks.codecs import CODECS  # noqa: E402
 from benchmarks.common import axes, finish, fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
 
 
-def measure(rates: list[Optional[float]], base: dict, ddp: bool) -> list[dict]:
+def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Optional[list[str]] = None) -> list[dict]:
     rows = []
     for rate in rates:
         name = f"epipe-bench-{os.getpid()}-{rate or 'inf'}".replace(".", "_")
         with slow_loopback(name, rate) as ns:
-            configs = {label: {"kind": "epipe", "codec": codec} for label, codec in CODECS.items()}
+            configs = {label: {"kind": "epipe", "codec": codec} for label, codec in CODECS.items()
+                       if not methods or label in methods or label == "none"}
             if ddp:
                 configs["ddp"] = {"kind": "ddp"}
             for label, extra in configs.items():
@@ -80,7 +81,7 @@ def tables(rows: list[dict]) -> str:
     return first + "\n\n" + second
 
 
-def plot(rows: list[dict]) -> Path:
+def plot(rows: list[dict], name: str = "slow_link.png") -> Path:
     curves = speedups(rows)
     fig, ax = axes()
     for method, curve in curves.items():
@@ -88,7 +89,7 @@ def plot(rows: list[dict]) -> Path:
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log")
-    return finish(fig, ax, "slow_link.png", "loopback rate limit (Mbit/s, tc tbf)",
+    return finish(fig, ax, name, "loopback rate limit (Mbit/s, tc tbf)",
                   "samples/s relative to uncompressed EPipe", "Compressed cuts over a slow link")
 
 
@@ -102,6 +103,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--ddp", action="store_true", help="also DDP at every rate (slow: it all-reduces the weights)")
+    parser.add_argument("--methods", nargs="+", help=f"codecs to run (none always runs): {list(CODECS)}")
+    parser.add_argument("--out", default="slow_link.json", help="file name under benchmarks/results")
     args = parser.parse_args()
     reason = netns_available()
     if reason:
@@ -111,10 +114,10 @@ def main() -> None:
     steps = args.steps or (40 if args.full else 10)
     base = dict(model=args.model, devices=args.devices, batch=args.batch, chunks=args.chunks, steps=steps,
                 warmup=max(2, steps // 5), full=args.full, timeout=600)
-    rows = measure(rates + [None], base, args.ddp or args.full)
-    write_json("slow_link.json", rows)
+    rows = measure(rates + [None], base, args.ddp or args.full, args.methods)
+    write_json(args.out, rows)
     print(tables(rows))
-    print("plot:", plot(rows))
+    print("plot:", plot(rows, Path(args.out).with_suffix(".png").name))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Every rank derives the same layout from the plan: for each link of
 :func:`~lightning_epipe.callbacks.meter.pipeline_links`, the sender's and the receiver's
 :class:`~lightning_epipe.strategy.stats.LinkCounter` (5 numbers each), then compute seconds
-per stage, then wait seconds, steps and samples. A rank fills what it counted and leaves
+per stage, then wait seconds, steps, samples and the delta caches' bytes. A rank fills what it counted and leaves
 the rest zero; ``torch.distributed.gather`` brings the rows to rank 0. Nothing is pickled.
 Byte counts stay exact in float64 up to 2**53 (9 PB).
 """
@@ -24,7 +24,7 @@ from lightning_epipe.strategy.stats import LinkCounter, PipelineStats
 __all__ = ["row_length", "pack_stats", "unpack_stats", "gather_stats"]
 
 _COUNTER = len(LinkCounter().as_list())
-_TAIL = 3  # wait_seconds, steps, samples
+_TAIL = 4  # wait_seconds, steps, samples, cache_bytes
 
 
 def row_length(links: Sequence[PipelineLink], plan: PipelinePlan) -> int:
@@ -50,7 +50,7 @@ def pack_stats(stats: PipelineStats, links: Sequence[PipelineLink], plan: Pipeli
             stacklevel=2,
         )
     values += [stats.compute_seconds.get(s, 0.0) if r == rank else 0.0 for s, r in enumerate(plan.stage_ranks)]
-    values += [stats.wait_seconds, float(stats.steps), float(stats.samples)]
+    values += [stats.wait_seconds, float(stats.steps), float(stats.samples), float(stats.cache_bytes)]
     return torch.tensor(values, dtype=torch.float64)
 
 
@@ -72,8 +72,8 @@ def unpack_stats(row: Tensor, links: Sequence[PipelineLink], plan: PipelinePlan,
         if stage_rank == rank:
             stats.compute_seconds[stage] = values[offset]
         offset += 1
-    stats.wait_seconds, steps, samples = values[offset : offset + _TAIL]
-    stats.steps, stats.samples = int(steps), int(samples)
+    stats.wait_seconds, steps, samples, cache_bytes = values[offset : offset + _TAIL]
+    stats.steps, stats.samples, stats.cache_bytes = int(steps), int(samples), int(cache_bytes)
     return stats
 
 

@@ -102,6 +102,7 @@ def stats_delta(after: PipelineStats, before: PipelineStats) -> PipelineStats:
         wait_seconds=after.wait_seconds - before.wait_seconds,
         steps=after.steps - before.steps,
         samples=after.samples - before.samples,
+        cache_bytes=after.cache_bytes,
     )
     for key, counter in after.links.items():
         old = before.links.get(key, LinkCounter())
@@ -241,7 +242,8 @@ class PipelineMeter:
         gradients), ``ratio/activation``, ``ratio/gradient``, ``ratio/<kind>/cut<c>``,
         ``ratio/input``; ``bytes/<link>``, ``bandwidth_avg/<link>``, ``bandwidth_peak/<link>`` (B/s);
         ``rank<r>/bytes_sent``, ``rank<r>/bytes_received``; ``stage<s>/compute_s``;
-        ``rank<r>/wait_s``, ``rank<r>/bubble``, ``bubble``. A ratio of a window without
+        ``rank<r>/wait_s``, ``rank<r>/bubble``, ``bubble``; ``rank<r>/cache_bytes`` (memory of
+        the delta-compression caches, where there are any). A ratio of a window without
         traffic and a rate of a window without time are left out.
         """
         w = self._window(since)
@@ -283,6 +285,8 @@ class PipelineMeter:
         for rank in sorted(w.ranks):
             out[f"rank{rank}/wait_s"] = w.ranks[rank].wait_seconds
             out[f"rank{rank}/bubble"] = w.ranks[rank].bubble_fraction
+            if w.ranks[rank].cache_bytes:
+                out[f"rank{rank}/cache_bytes"] = float(w.ranks[rank].cache_bytes)
         busy = sum(s.busy_seconds + s.wait_seconds for s in w.ranks.values())
         if busy > 0:
             out["bubble"] = sum(s.wait_seconds for s in w.ranks.values()) / busy
@@ -308,7 +312,7 @@ class PipelineMeter:
             ranks[rank] = {
                 "stages": list(self.plan.stages_of(rank)),
                 "bytes_sent": stats.total("send").bytes, "bytes_received": stats.total("recv").bytes,
-                "compute_s": stats.busy_seconds, "wait_s": stats.wait_seconds, "bubble": stats.bubble_fraction,
+                "compute_s": stats.busy_seconds, "wait_s": stats.wait_seconds, "bubble": stats.bubble_fraction, "cache_bytes": stats.cache_bytes,
             }
         return {
             "placement": self.plan.placement,

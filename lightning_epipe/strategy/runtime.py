@@ -242,6 +242,7 @@ class PipelineRuntime:
             if s != 0:
                 self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves)
         self.transport.flush()
+        self.stats.cache_bytes = self.codecs.cache_bytes
 
     def discard(self) -> None:
         """Drop the autograd state of a step that will not be backpropagated."""

@@ -75,6 +75,7 @@ class PipelineStats:
     wait_seconds: float = 0.0
     steps: int = 0
     samples: int = 0
+    cache_bytes: int = 0  # a gauge, not a counter: memory of the delta-compression caches now
 
     def link(self, key: LinkKey) -> LinkCounter:
         counter = self.links.get(key)

@@ -18,7 +18,7 @@ PLANS = {
 
 def rank_stats(plan, rank: int) -> PipelineStats:
     """Counters on every link ``rank`` sends or receives on, with distinct numbers."""
-    stats = PipelineStats(wait_seconds=0.5 + rank, steps=4, samples=128 if rank == 0 else 0)
+    stats = PipelineStats(wait_seconds=0.5 + rank, steps=4, samples=128 if rank == 0 else 0, cache_bytes=1000 * rank)
     for n, link in enumerate(pipeline_links(plan), start=1):
         if link.src == rank:
             stats.link(link.send_key).add(100 * n, 400 * n)
