@@ -80,10 +80,14 @@ def unpack_stats(row: Tensor, links: Sequence[PipelineLink], plan: PipelinePlan,
 def gather_stats(
     stats: PipelineStats, links: Sequence[PipelineLink], plan: PipelinePlan, rank: int, world_size: int, device: torch.device
 ) -> Optional[dict[int, PipelineStats]]:
-    """Every rank's ``stats`` on rank 0 (``None`` elsewhere). A collective: every rank calls it."""
+    """Every rank's ``stats`` on global rank 0 (``None`` elsewhere). A collective: every rank calls it.
+
+    ``rank`` is the rank within the pipeline; with several pipeline replicas (``world_size``
+    a multiple of ``plan.num_ranks``) the first replica's ranks are reported.
+    """
     row = pack_stats(stats, links, plan, rank).to(device)
-    rows = [torch.empty_like(row) for _ in range(world_size)] if rank == 0 else None
+    rows = [torch.empty_like(row) for _ in range(world_size)] if dist.get_rank() == 0 else None
     dist.gather(row, rows, dst=0)
     if rows is None:
         return None
-    return {r: unpack_stats(t.cpu(), links, plan, r) for r, t in enumerate(rows)}
+    return {r: unpack_stats(rows[r].cpu(), links, plan, r) for r in range(plan.num_ranks)}

@@ -111,7 +111,7 @@ class EPipeMonitor(Callback):
         strategy = self._strategy(trainer)
         local = stats_delta(self._local_stats(strategy), self._base)
         ranks = gather_stats(
-            local, self._meter.links, strategy.plan, strategy.global_rank, strategy.world_size, strategy.root_device
+            local, self._meter.links, strategy.plan, strategy.pipeline_rank, strategy.world_size, strategy.root_device
         )
         if ranks is not None:
             self._meter.update(
@@ -150,10 +150,12 @@ class EPipeMonitor(Callback):
     ) -> None:
         if trainer.is_global_zero:
             self._batches += 1
+            strategy = self._strategy(trainer)
             if self.batch_size_fn is not None:
-                self._samples += int(self.batch_size_fn(batch))
+                samples = int(self.batch_size_fn(batch))
             else:
-                self._samples += self._strategy(trainer).stats.samples - self._samples_before
+                samples = strategy.stats.samples - self._samples_before
+            self._samples += samples * strategy.replicas  # every replica ran a batch of its shard
         if not self._should_log_step(trainer, pl_module):
             return
         self._collect(trainer)

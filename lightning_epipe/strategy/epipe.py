@@ -58,6 +58,7 @@ from lightning_epipe.strategy.codecs import AUTO_KEYS, CodecBook, DeltaConfig, r
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, broadcast_json
 from lightning_epipe.strategy.microbatch import batch_size, gather, scatter
+from lightning_epipe.strategy.replicas import ReplicaLayout, average_gradients
 from lightning_epipe.strategy.partition import PLACEMENTS, PipelinePlan, find_pipeline, num_stages_for, plan_pipeline
 from lightning_epipe.strategy.runtime import PipelineRuntime
 from lightning_epipe.strategy.sample_ids import SampleIdRecorder
@@ -137,6 +138,9 @@ class EPipeStrategy(ParallelStrategy):
             memory); a larger one fails at the first step, saying what it would need.
         balance: layers per stage, or ``"parameters"`` (default) / ``"time"`` (measured on the
             LightningModule's ``example_input_array``) to balance automatically.
+        replicas: pipelines trained data-parallel: ``devices x num_nodes`` processes form
+            ``replicas`` pipelines of equal size, each reading its own shard of the data;
+            gradients are averaged between the ranks that run the same stages.
         pipeline: attribute name of the ``nn.Sequential`` (default: the only one).
         placement: ``"client-server"`` (rank 0 runs the first and last stage) or ``"chain"``.
         nonfinite: ``"raise"`` stops on NaN/Inf crossing a cut, ``"skip"`` skips that step on every rank.
@@ -168,6 +172,7 @@ class EPipeStrategy(ParallelStrategy):
         delta_first: str = "none",
         delta_cache_limit: Optional[int] = None,
         balance: Union[Sequence[int], Literal["parameters", "time"], None] = None,
+        replicas: int = 1,
         pipeline: Optional[str] = None,
         placement: Literal["client-server", "chain"] = "client-server",
         nonfinite: Literal["raise", "skip"] = "raise",
@@ -201,6 +206,8 @@ class EPipeStrategy(ParallelStrategy):
             raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
         if isinstance(balance, str) and balance not in ("parameters", "time"):
             raise ValueError(f"balance must be a list of layer counts, 'parameters' or 'time', got {balance!r}")
+        ReplicaLayout(replicas, replicas)  # checks the value
+        self.replicas = replicas
         self.chunks = chunks
         self.placement = placement
         self.nonfinite = nonfinite
@@ -238,6 +245,8 @@ class EPipeStrategy(ParallelStrategy):
         self._client_backup: dict[str, Tensor] = {}
         self._skip_backward = False
         self._bottlenecks: dict[int, BottleneckPair] = {}
+        self._pipe_transport: Optional[Transport] = None
+        self._stage_groups: list[Any] = []
         self._bottleneck_state: dict[str, Tensor] = {}
 
     # ------------------------------------------------------------------ properties
@@ -262,15 +271,26 @@ class EPipeStrategy(ParallelStrategy):
 
     @property
     def is_distributed(self) -> bool:
-        """``False`` for Lightning's data and logging: the stages form *one* replica, so the
-        user's sampler is used as is (no DistributedSampler) and ``sync_dist`` is a no-op."""
-        return False
+        """For Lightning's data: with one pipeline the stages form *one* replica, so the user's
+        sampler is used as is (no DistributedSampler); with ``replicas > 1`` each pipeline
+        reads its own shard. ``sync_dist`` stays a no-op: logged values are rank 0's."""
+        return self.replicas > 1
 
     @property
     @override
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        # Every stage of the one pipeline reads the same batches: one replica.
-        return {"num_replicas": 1, "rank": 0}
+        # Every stage of a pipeline reads the same batches: the shard of its replica.
+        return {"num_replicas": self.replicas, "rank": self.layout.replica_of(self.global_rank)}
+
+    @property
+    def layout(self) -> ReplicaLayout:
+        """Which global ranks form which pipeline replica."""
+        return ReplicaLayout(self.world_size, self.replicas)
+
+    @property
+    def pipeline_rank(self) -> int:
+        """This process's rank within its pipeline (0: the client)."""
+        return self.layout.pipeline_rank(self.global_rank)
 
     @property
     def plan(self) -> PipelinePlan:
@@ -287,8 +307,8 @@ class EPipeStrategy(ParallelStrategy):
 
     @property
     def is_client(self) -> bool:
-        """Rank 0 holds the data, the loss and the Lightning loop's user code."""
-        return self.global_rank == 0
+        """Rank 0 of a pipeline holds the data, the loss and the Lightning loop's user code."""
+        return self.pipeline_rank == 0
 
     @property
     def world_size(self) -> int:
@@ -328,11 +348,12 @@ class EPipeStrategy(ParallelStrategy):
                 f"EPipeStrategy needs at least 2 processes, got devices={self.num_processes} x num_nodes="
                 f"{self.num_nodes}: set Trainer(devices=2) or more"
             )
+        world = ReplicaLayout(world, self.replicas).size
         _, layers = find_pipeline(model, self.pipeline_name)
         stages = num_stages_for(self.placement, world)
         if len(layers) < stages:
             raise ValueError(
-                f"{world} processes with placement={self.placement!r} need {stages} stages but"
+                f"{world} processes per pipeline with placement={self.placement!r} need {stages} stages but"
                 f" {type(model).__name__}'s Sequential has only {len(layers)} layers: use fewer devices or more layers"
             )
         if isinstance(self.balance, list):
@@ -380,6 +401,9 @@ class EPipeStrategy(ParallelStrategy):
         _init_dist_connection(self.cluster_environment, backend, timeout=max(self._timeout, _RENDEZVOUS_TIMEOUT))
         if self._timeout < _RENDEZVOUS_TIMEOUT:
             _set_collective_timeout(self._timeout)
+        layout = self.layout
+        if layout.replicas > 1:  # every rank creates every group, in the same order
+            self._stage_groups = [dist.new_group(list(layout.stage_group(k))) for k in range(layout.size)]
 
     def set_world_ranks(self) -> None:
         if self.cluster_environment is not None:
@@ -412,7 +436,7 @@ class EPipeStrategy(ParallelStrategy):
         saved = (self._resume_state or {}).get("bottlenecks")
         self._bottlenecks = install_bottlenecks(
             module, layers, plan, self._codecs.bottlenecks(), self.global_rank, self.root_device, saved
-        )
+        )  # built on global rank 0, broadcast to every replica
         self._release_foreign_layers(module, layers, plan)
         _keep_metrics_local(module)
         # one replica: epoch-level logging has nothing to sync across ranks
@@ -428,9 +452,13 @@ class EPipeStrategy(ParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
         self._transport = Transport(self.global_rank, self.root_device, self._timeout, self.verify_checksum, self.stats)
+        offset = self.layout.offset(self.global_rank)
+        self._pipe_transport = Transport(
+            self.pipeline_rank, self.root_device, self._timeout, self.verify_checksum, self.stats, offset=offset
+        )
         self._runtime = PipelineRuntime(
-            plan, self.global_rank, layers, self._transport, self._codecs, self.stats, self.nonfinite, self.checkpoint,
-            self._bottlenecks,
+            plan, self.pipeline_rank, layers, self._pipe_transport, self._codecs, self.stats, self.nonfinite,
+            self.checkpoint, self._bottlenecks,
         )
         if self._resume_state is not None:
             self._restore_codec_state(self._resume_state)
@@ -450,14 +478,15 @@ class EPipeStrategy(ParallelStrategy):
                 " `self.example_input_array` in your LightningModule, or give balance=[...] / 'parameters'"
             )
         balance = None
-        if self.is_client:
-            balance = balance_by_time(layers, example, self.world_size, self.placement, device=self.root_device)
+        size = self.layout.size
+        if self.global_rank == 0:
+            balance = balance_by_time(layers, example, size, self.placement, device=self.root_device)
         balance = broadcast_json(balance, self.root_device)
-        return plan_pipeline(len(layers), self.world_size, balance, self.placement)
+        return plan_pipeline(len(layers), size, balance, self.placement)
 
     def _release_foreign_layers(self, module: LightningModule, layers: nn.Sequential, plan: PipelinePlan) -> None:
         """Free the weights this rank does not run (they become meta tensors, state_dict keys stay)."""
-        owned = set(plan.layers_of(self.global_rank))
+        owned = set(plan.layers_of(self.pipeline_rank))
         if self.is_client:  # kept to give the module back whole after validate/test/predict
             self._client_backup = {k: v for k, v in module.state_dict(keep_vars=True).items() if not v.is_meta}
         for i, layer in enumerate(layers):
@@ -468,7 +497,7 @@ class EPipeStrategy(ParallelStrategy):
             for child in module.children():
                 if child is not layers and child is not pairs:
                     child.to("meta")
-        release_foreign_halves(self._bottlenecks, plan, self.global_rank)
+        release_foreign_halves(self._bottlenecks, plan, self.pipeline_rank)
 
     @override
     def model_to_device(self) -> None:
@@ -562,7 +591,8 @@ class EPipeStrategy(ParallelStrategy):
                 forwarded = True
             elif msg.command == Command.BACKWARD:
                 runtime.backward()
-                self._agree_on_nonfinite()
+                if not self._agree_on_nonfinite():
+                    self._average_over_replicas()
             elif msg.command == Command.OPTIMIZER_STEP:
                 # through the LightningOptimizer, so this rank's global_step advances too
                 optimizers = self.lightning_module.optimizers(use_pl_optimizer=True)
@@ -614,7 +644,8 @@ class EPipeStrategy(ParallelStrategy):
             return closure_loss
         if not self.is_client:
             runtime.backward()  # automatic optimization: Lightning calls this right after training_step
-            self._agree_on_nonfinite()
+            if not self._agree_on_nonfinite():
+                self._average_over_replicas()
             return closure_loss
         if not self.lightning_module.automatic_optimization:
             if not runtime.has_pending_backward:
@@ -624,19 +655,28 @@ class EPipeStrategy(ParallelStrategy):
         closure_loss = super().backward(closure_loss, optimizer, *args, **kwargs)  # loss and last stage
         self.stats.add_compute(self.plan.num_stages - 1, time.perf_counter() - start)
         runtime.backward()
-        self._agree_on_nonfinite()
+        if not self._agree_on_nonfinite():
+            self._average_over_replicas()
         return closure_loss
 
-    def _agree_on_nonfinite(self) -> None:
-        """``nonfinite="skip"``: if any rank sent NaN/Inf this step, every rank drops its gradients."""
+    def _average_over_replicas(self) -> None:
+        """``replicas > 1``: average this rank's gradients with the same stages' in the other replicas."""
+        if self._stage_groups:
+            params = [p for p in self.lightning_module.parameters() if not p.is_meta]
+            average_gradients(params, self._stage_groups[self.pipeline_rank], self.replicas)
+
+    def _agree_on_nonfinite(self) -> bool:
+        """``nonfinite="skip"``: if any rank sent NaN/Inf this step, every rank drops its gradients (True)."""
         if self.nonfinite != "skip":
-            return
+            return False
         flag = torch.tensor([float(self.runtime.nonfinite_seen)], device=self.root_device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() > 0:
             for p in self.lightning_module.parameters():
                 p.grad = None
             rank_zero_warn(f"EPipeStrategy: NaN/Inf crossed a cut at step {self.runtime.step}; the step was skipped")
+            return True
+        return False
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
@@ -662,6 +702,7 @@ class EPipeStrategy(ParallelStrategy):
             local = torch.zeros(1, dtype=torch.float64, device=strategy.root_device)
             for p in params:
                 local += p.grad.detach().double().pow(2).sum()
+            local /= strategy.replicas  # every replica holds the same (averaged) gradients
             dist.all_reduce(local)
             total = float(local.sqrt())
             coef = float(clip_val) / (total + 1e-6)
@@ -712,7 +753,7 @@ class EPipeStrategy(ParallelStrategy):
         if self.is_client:
             return {k: v for k, v in state.items() if not v.is_meta}
         prefix = f"{self._pipeline_attr}."
-        owned = {str(i) for i in self.plan.layers_of(self.global_rank)}
+        owned = {str(i) for i in self.plan.layers_of(self.pipeline_rank)}
         return {
             k: v for k, v in state.items()
             if not v.is_meta and (k.startswith(BOTTLENECKS + ".")
@@ -808,7 +849,8 @@ class EPipeStrategy(ParallelStrategy):
         """``compressor="auto"``: every rank probes and decides at the same step (a collective)."""
         if self._tuner is not None and self._runtime is not None:
             step = self.lightning_module.trainer.global_step
-            self._tuner.maybe_retune(step, self.plan, self.global_rank, self._codecs, self._runtime.samples, self.root_device)
+            self._tuner.maybe_retune(step, self.plan, self.pipeline_rank, self._codecs, self._runtime.samples, self.root_device,
+                                     self.layout.offset(self.global_rank))
 
     @override
     def on_train_start(self) -> None:

@@ -37,7 +37,12 @@ class Received:
 
 
 class Transport:
-    """Send and receive headers and payloads to and from peers (global ranks)."""
+    """Send and receive headers and payloads to and from peers.
+
+    Ranks are counted from ``offset``: a pipeline replica whose ranks are global ranks
+    ``offset .. offset + size - 1`` talks in its own ranks ``0 .. size - 1``; messages and
+    errors name global ranks.
+    """
 
     def __init__(
         self,
@@ -46,8 +51,10 @@ class Transport:
         timeout: timedelta,
         verify_checksum: bool = True,
         stats: Optional[PipelineStats] = None,
+        offset: int = 0,
     ) -> None:
         self.rank = rank
+        self.offset = offset
         self.device = device
         self.timeout = timeout
         self.verify_checksum = verify_checksum
@@ -55,7 +62,8 @@ class Transport:
         self._pending: list[tuple[dist.Work, tuple[Tensor, ...], int, str]] = []
 
     def link(self, peer: int, outgoing: bool) -> str:
-        return f"link rank {self.rank} -> rank {peer}" if outgoing else f"link rank {peer} -> rank {self.rank}"
+        me, other = self.offset + self.rank, self.offset + peer
+        return f"link rank {me} -> rank {other}" if outgoing else f"link rank {other} -> rank {me}"
 
     def send(self, peer: int, header: Header, payload: Optional[Tensor] = None) -> int:
         """Post ``header`` (and ``payload``) to ``peer``; returns the bytes put on the wire."""
@@ -65,10 +73,10 @@ class Transport:
             payload = payload.to(self.device).contiguous()
         header_t = header.to_tensor(self.device)
         what = f"{Kind(header.kind).name.lower()} of step {header.step}, micro-batch {header.microbatch}"
-        self._post(dist.isend(header_t, dst=peer), (header_t,), peer, what)
+        self._post(dist.isend(header_t, dst=self.offset + peer), (header_t,), peer, what)
         nbytes = HEADER_LEN * 8
         if payload is not None and payload.numel():
-            self._post(dist.isend(payload, dst=peer), (payload,), peer, what)
+            self._post(dist.isend(payload, dst=self.offset + peer), (payload,), peer, what)
             nbytes += payload.numel()
         return nbytes
 
@@ -81,14 +89,14 @@ class Transport:
         ``idle``: waiting for it is time between steps, not pipeline wait (not counted)."""
         link = self.link(peer, outgoing=False)
         header_t = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-        self._wait(dist.irecv(header_t, src=peer), peer, what, blocking=not idle)
+        self._wait(dist.irecv(header_t, src=self.offset + peer), peer, what, blocking=not idle)
         arrived = time.perf_counter()
         header = Header.from_tensor(header_t.cpu(), link)
         header.expect(link, **expect)
         payload = None
         if header.payload_nbytes:
             payload = torch.empty(header.payload_nbytes, dtype=torch.uint8, device=self.device)
-            self._wait(dist.irecv(payload, src=peer), peer, what, blocking=True)
+            self._wait(dist.irecv(payload, src=self.offset + peer), peer, what, blocking=True)
             if self.verify_checksum and header.crc and checksum(payload) != header.crc:
                 raise WireError(f"{link}: {what}: payload checksum mismatch ({header.payload_nbytes} bytes corrupted in transit)")
         seconds = time.perf_counter() - arrived
@@ -102,6 +110,7 @@ class Transport:
 
     def _wait(self, work: dist.Work, peer: int, what: str, blocking: bool) -> None:
         start = time.perf_counter()
+        peer, me = self.offset + peer, self.offset + self.rank  # errors name global ranks
         try:
             work.wait(self.timeout)
         except RuntimeError as err:
@@ -113,7 +122,7 @@ class Transport:
                 cause = f"rank {peer} sent nothing for {self.timeout} (it stalled or died); raise EPipeStrategy(timeout=...) if its work is this slow"
             else:
                 cause = f"the link to rank {peer} failed"
-            raise PeerError(f"rank {self.rank}: {cause} while waiting for {what}. ({text.splitlines()[0][:200]})") from err
+            raise PeerError(f"rank {me}: {cause} while waiting for {what}. ({text.splitlines()[0][:200]})") from err
         finally:
             if blocking:
                 self.stats.wait_seconds += time.perf_counter() - start

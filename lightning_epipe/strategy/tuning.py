@@ -95,8 +95,12 @@ class AutoTuner:
         return self._last_step is None or step - self._last_step >= self.retune_every
 
     def maybe_retune(self, step: int, plan: PipelinePlan, rank: int, codecs: CodecBook, samples: dict[tuple[str, int], Tensor],
-                     device: torch.device) -> list[LinkChoice]:
-        """Collective over every rank: probe, decide and apply; the choices made now (may be empty)."""
+                     device: torch.device, offset: int = 0) -> list[LinkChoice]:
+        """Collective over every rank: probe, decide and apply; the choices made now (may be empty).
+
+        ``rank`` is the rank within the pipeline, ``offset`` the global rank of its client: with
+        several replicas each probes its own links and every replica applies replica 0's choices.
+        """
         if not self.due(step):
             return []
         self._last_step = step
@@ -109,7 +113,7 @@ class AutoTuner:
                 continue
             sample = samples.get((direction, cut))
             nbytes = 0 if sample is None else sample.numel() * sample.element_size()
-            bandwidth = probe_bandwidth(sender, receiver, nbytes, rank, device)
+            bandwidth = probe_bandwidth(offset + sender, offset + receiver, nbytes, offset + rank, device)
             if rank != sender or sample is None:
                 continue
             key = (cut, direction)
@@ -120,12 +124,12 @@ class AutoTuner:
             mine.append(choose_codec(profiles, nbytes, bandwidth, budget, cut, direction))
             self._bandwidth[key] = bandwidth
         made: list[LinkChoice] = []
-        for src in range(plan.num_ranks):
-            made += choices_from_json(broadcast_json(choices_to_json(mine) if src == rank else None, device, src))
+        for src in range(plan.num_ranks):  # replica 0's ranks: global rank == pipeline rank
+            made += choices_from_json(broadcast_json(choices_to_json(mine) if src == offset + rank else None, device, src))
         for choice in made:
             self.choices[(choice.cut, choice.direction)] = choice
             codecs.choose(choice.direction, choice.cut, choice.name, choice.kwargs)
-        if made and rank == 0:
+        if made and offset + rank == 0:
             rank_zero_info(f"EPipeStrategy compressor='auto' at step {step}:\n{format_choices(made)}")
         return made
 

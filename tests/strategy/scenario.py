@@ -173,6 +173,7 @@ def main() -> None:
     p.add_argument("--compressor-kwargs", default="{}", help="JSON, e.g. '{\"ratio\": 0.25}'")
     p.add_argument("--error-feedback", action="store_true")
     p.add_argument("--delta", action="store_true", help="delta compression of activations (AQ-SGD)")
+    p.add_argument("--replicas", type=int, default=1, help="pipelines trained data-parallel")
     p.add_argument("--delta-cache-limit", type=int, default=None)
     args = p.parse_args()
 
@@ -180,7 +181,7 @@ def main() -> None:
         chunks=args.chunks, compressor=args.compressor, bits=args.bits, placement=args.placement,
         timeout=timedelta(seconds=args.timeout), nonfinite=args.nonfinite, start_method=args.start_method,
         checkpoint=args.checkpoint, compressor_kwargs=json.loads(args.compressor_kwargs),
-        error_feedback=args.error_feedback, delta_compression=args.delta, delta_cache_limit=args.delta_cache_limit,
+        error_feedback=args.error_feedback, replicas=args.replicas, delta_compression=args.delta, delta_cache_limit=args.delta_cache_limit,
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
     )
     model = TinyNet(optimizer=args.optimizer, manual=args.manual)

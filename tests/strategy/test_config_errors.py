@@ -37,6 +37,7 @@ class NoSequential(L.LightningModule):
         (dict(timeout=5), "timedelta"),
         (dict(balance="memory"), "balance must be"),
         (dict(error_feedback="gradient"), "error_feedback must be True or False"),
+        (dict(replicas=0), "replicas must be a positive integer"),
         (dict(compressor="bottleneck", compressor_kwargs={"ratio": 2}), "ratio must be a number in"),
         (dict(compressor="bottleneck", compressor_kwargs={"wire": "zip"}), "unknown compressor 'zip'"),
         (dict(gradient_compressor="bottleneck"), "a bottleneck is a pair of layers on the activation's path"),
@@ -110,3 +111,8 @@ def test_lightning_cli_builds_the_strategy(tmp_path):
 def test_bottleneck_without_example_input_is_refused_before_launch():
     with pytest.raises(ValueError, match=r"bottleneck of cuts \[0, 1, 2\].*example_input_array"):
         _fit(TinyNet(), compressor="bottleneck")
+
+
+def test_processes_that_do_not_split_into_replicas():
+    with pytest.raises(ValueError, match="3 processes do not split into replicas=2 pipelines"):
+        _fit(TinyNet(), devices=3, replicas=2)
