@@ -33,6 +33,8 @@ CODECS = [
     ("sortquant", {"bits": 8, "split": 4}),
     ("sortquant", {"bits": 8, "boundaries": "exact"}),
     ("sortquant", {"bits": 12}),
+    ("lloydmax", {"bits": 4}),
+    ("lloydmax", {"bits": 8}),
     ("topk", {"fraction": 0.1}),
     ("topk", {"fraction": 0.1, "bits": 8}),
     ("powersgd", {"rank": 4}),
@@ -81,7 +83,7 @@ def measure(x: torch.Tensor, repeats: int) -> list[dict]:
         y = codec.decode(packet)
         rows.append({
             "codec": label(name, kwargs),
-            "bits": kwargs.get("bits") if name in ("quantize", "sortquant") else None,
+            "bits": kwargs.get("bits") if name in ("quantize", "sortquant", "lloydmax") else None,
             "ratio": packet.nbytes / (x.numel() * x.element_size()),
             "error": float((y.double() - x.double()).norm() / x.double().norm()),
             "encode": 1e3 * min(enc),

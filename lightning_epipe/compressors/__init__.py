@@ -8,8 +8,8 @@
     >>> round(packet.nbytes / (x.numel() * 4), 3), y.shape
     (0.252, torch.Size([64, 128]))
 
-Codecs: ``none``, ``fp16``, ``bf16``, ``quantize``, ``sortquant``, ``topk``, ``powersgd``
-(``available_compressors()``); add one with ``register_compressor``.
+Codecs: ``none``, ``fp16``, ``bf16``, ``quantize``, ``sortquant``, ``topk``, ``powersgd``,
+``lloydmax`` (``available_compressors()``); add one with ``register_compressor``.
 """
 
 import torch  # noqa: F401  (for the example above)
@@ -18,6 +18,7 @@ from .base import Compressor, NonFiniteError
 from .bottleneck import Bottleneck, BottleneckPair
 from .cast import Bf16, Fp16, NoCompression
 from .feedback import ErrorFeedback
+from .lloydmax import LloydMax
 from .packet import Packet, PacketError
 from .powersgd import PowerSGD
 from .quantize import Quantize
@@ -40,6 +41,7 @@ __all__ = [
     "SortQuant",
     "TopK",
     "PowerSGD",
+    "LloydMax",
     "ErrorFeedback",
     "Bottleneck",
     "BottleneckPair",

@@ -142,8 +142,9 @@ class DeltaCompressor(Compressor):
     def __init__(self, *, inner: Union[str, Compressor] = "lloydmax", first: Union[str, Compressor] = "none",
                  cache: Optional[SampleCache] = None, check_finite: bool = True, **inner_kwargs: object) -> None:
         super().__init__(check_finite=check_finite)
-        self.inner = get_compressor(inner, **inner_kwargs) if isinstance(inner, str) else inner
-        self.first = get_compressor(first) if isinstance(first, str) else first
+        self.inner = get_compressor(inner, check_finite=check_finite, **inner_kwargs) if isinstance(inner, str) else inner
+        self.first = get_compressor(first, check_finite=check_finite) if isinstance(first, str) else first
+        self.inner_kwargs = inner_kwargs
         for role, codec in (("inner", self.inner), ("first", self.first)):
             if not isinstance(codec, Compressor) or isinstance(codec, DeltaCompressor):
                 raise TypeError(f"{self.name}: {role} must be a codec name or a Compressor (not a delta one), got {codec!r}")
@@ -158,6 +159,7 @@ class DeltaCompressor(Compressor):
         self._reserve = num_samples
 
     def _encode(self, x: Tensor) -> Tensor:
+        self._check_finite(x)
         ids = self._ids
         if ids is None or x.dim() == 0:
             return self._payload(0, 0, 0, self.first.encode(x), None)
@@ -232,4 +234,6 @@ class DeltaCompressor(Compressor):
         self._ids = None
 
     def __repr__(self) -> str:
-        return f"DeltaCompressor(inner={self.inner!r}, first={self.first!r})"
+        extra = "".join(f", {k}={v!r}" for k, v in self.inner_kwargs.items())
+        return (f"DeltaCompressor(inner={self.inner.name!r}, first={self.first.name!r}, "
+                f"check_finite={self.check_finite!r}{extra})")

@@ -65,8 +65,10 @@ def get_compressor(name: str, **kwargs: object) -> Compressor:
     cls = _by_name.get(name)
     if cls is None:
         raise ValueError(f"unknown compressor {name!r}; available: {available_compressors()}")
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    unexpected = sorted(set(kwargs) - set(accepted))
+    params = inspect.signature(cls.__init__).parameters
+    accepted = [p for p, v in params.items() if p != "self" and v.kind != inspect.Parameter.VAR_KEYWORD]
+    open_ended = any(v.kind == inspect.Parameter.VAR_KEYWORD for v in params.values())  # a wrapper's inner codec
+    unexpected = [] if open_ended else sorted(set(kwargs) - set(accepted))
     if unexpected:
         raise ValueError(f"{name} takes the keywords {accepted}, got unexpected {unexpected}")
     return cls(**kwargs)

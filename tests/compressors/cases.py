@@ -18,6 +18,10 @@ CODECS = [
     ("topk", {"fraction": 0.3}),
     ("topk", {"fraction": 0.3, "bits": 6}),
     ("powersgd", {"rank": 1}),
+    ("delta", {"inner": "quantize", "bits": 4}),  # without sample ids: the whole tensor through `first`
+    ("lloydmax", {"bits": 2}),
+    ("lloydmax", {"bits": 4}),
+    ("lloydmax", {"bits": 8, "iterations": 3}),
 ]
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 #: Empty, 0-d, one element, odd sizes, 2-D, [B, T, D] and [B, C, H, W].
