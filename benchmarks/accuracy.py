@@ -3,12 +3,17 @@
     python benchmarks/accuracy.py              # quick: 2 processes, 5 epochs
     python benchmarks/accuracy.py --full       # 3 processes, 20 epochs, 3 seeds
 
+    python benchmarks/accuracy.py --only lloydmax bottleneck   # codecs whose label starts so
+
 ``examples/digits`` (``DigitsClassifier``: 64 -> 7 x 256 -> 10; scikit-learn's 1797 digits,
 no download) over EPipeStrategy (client-server placement, chunks 4): ``none``, ``fp16``,
-``sortquant`` and ``quantize`` at 16, 12, 8, 6, 4, 2 bits, ``topk`` (10%) and ``powersgd``
-(rank 4), activations and gradients both compressed. Final test accuracy against the
-compression ratio measured on the wire (headers included): the report's figure. Writes
-``benchmarks/results/accuracy.{png,json}``.
+``sortquant``, ``quantize`` and ``lloydmax`` at 16 (12, 8, 6) 4 and 2 bits, ``topk`` (10%)
+and ``powersgd`` (rank 4), each lossy one also with error feedback on the gradients
+(``+ef``), 4- and 2-bit deltas of each sample's activation since the last epoch
+(``+delta``, AQ-SGD; the first epoch uncompressed), and learned bottlenecks at ratios 0.1 and 0.25 (PCA start on 256 training
+images; plain float32 codes, or 8-bit sort-quantized ones); activations and gradients both
+compressed. Final test accuracy against the compression ratio measured on the wire
+(headers included): the report's figure. Writes ``benchmarks/results/accuracy.{png,json}``.
 """
 
 from __future__ import annotations
@@ -23,20 +28,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import axes, finish, fmt, markdown_table, run, write_json  # noqa: E402
 
 BITS = [16, 12, 8, 6, 4, 2]
+LLOYD_BITS = [8, 6, 4, 2]
 
 
 def codecs() -> dict[str, dict]:
     out = {"none": {"compressor": "none"}, "fp16": {"compressor": "fp16"}}
     for name in ("sortquant", "quantize"):
         out.update({f"{name}-{b}": {"compressor": name, "bits": b} for b in BITS})
+    out.update({f"lloydmax-{b}": {"compressor": "lloydmax", "bits": b} for b in LLOYD_BITS})
     out["topk-0.1"] = {"compressor": "topk", "compressor_kwargs": {"fraction": 0.1}}
     out["powersgd-4"] = {"compressor": "powersgd", "compressor_kwargs": {"rank": 4}}
+    for label in ("sortquant-4", "quantize-4", "lloydmax-4", "lloydmax-2", "topk-0.1", "powersgd-4"):
+        out[f"{label}+ef"] = {**out[label], "error_feedback": True}
+    for label in ("lloydmax-4", "lloydmax-2", "quantize-2", "sortquant-2"):  # AQ-SGD: deltas since last epoch
+        out[f"{label}+delta"] = {**out[label], "delta_compression": True}
+    for ratio in (0.1, 0.25):
+        out[f"bottleneck-{ratio}"] = {"compressor": "bottleneck", "compressor_kwargs": {"ratio": ratio}}
+    out["bottleneck-0.1+sortquant-8"] = {"compressor": "bottleneck", "bits": 8,
+                                         "compressor_kwargs": {"ratio": 0.1, "wire": "sortquant"}}
     return out
 
 
-def measure(devices: int, epochs: int, seeds: list[int]) -> list[dict]:
+def measure(devices: int, epochs: int, seeds: list[int], only: list[str] | None = None) -> list[dict]:
     rows = []
     for label, codec in codecs().items():
+        if only and label != "none" and not label.startswith(tuple(only)):
+            continue
         results = [run(dict(kind="digits", devices=devices, chunks=4, epochs=epochs, seed=s, codec=codec, timeout=600))
                    for s in seeds]
         ok = [r for r in results if "test_acc" in r]
@@ -59,19 +76,20 @@ def table(rows: list[dict]) -> str:
     return markdown_table(["codec", "wire ratio", "test acc", "range over seeds", "vs none"], body)
 
 
-def plot(rows: list[dict]) -> Path:
+def plot(rows: list[dict], name: str = "accuracy.png") -> Path:
     fig, ax = axes()
-    families = {"sortquant": "o-", "quantize": "s--"}
+    families = {"sortquant": "o-", "quantize": "s--", "lloydmax": "d-."}
     for fam, style in families.items():
-        pts = sorted((r["ratio"], r["test_acc"], r["codec"]) for r in rows if r["codec"].startswith(fam) and "test_acc" in r)
+        pts = sorted((r["ratio"], r["test_acc"], r["codec"]) for r in rows
+                     if r["codec"].startswith(fam) and "+" not in r["codec"] and "test_acc" in r)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=fam)
         for x, y, c in pts:
             ax.annotate(c.split("-")[1] + "b", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     for r in rows:
-        if "test_acc" in r and not r["codec"].startswith(tuple(families)):
+        if "test_acc" in r and (not r["codec"].startswith(tuple(families)) or "+" in r["codec"]):
             ax.plot(r["ratio"], r["test_acc"], "^", label=r["codec"])
     ax.set_xscale("log")
-    return finish(fig, ax, "accuracy.png", "compression ratio on the wire (bytes sent / uncompressed)",
+    return finish(fig, ax, name, "compression ratio on the wire (bytes sent / uncompressed)",
                   "final test accuracy", "Digits, pipelined: accuracy vs compression")
 
 
@@ -81,12 +99,14 @@ def main() -> None:
     parser.add_argument("--devices", type=int)
     parser.add_argument("--epochs", type=int)
     parser.add_argument("--seeds", nargs="+", type=int)
+    parser.add_argument("--only", nargs="+", help="run only the codecs whose label starts with one of these (and none)")
+    parser.add_argument("--out", default="accuracy.json", help="file name under benchmarks/results")
     args = parser.parse_args()
     rows = measure(args.devices or (3 if args.full else 2), args.epochs or (20 if args.full else 5),
-                   args.seeds or ([0, 1, 2] if args.full else [0]))
-    write_json("accuracy.json", rows)
+                   args.seeds or ([0, 1, 2] if args.full else [0]), args.only)
+    write_json(args.out, rows)
     print(table(rows))
-    print("plot:", plot(rows))
+    print("plot:", plot(rows, Path(args.out).with_suffix(".png").name))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,65 @@ class StepTimer(L.Callback):
         self.times.append(time.perf_counter())
 
 
+class SavedMemory(L.Callback):
+    """Per rank: the peak bytes of tensors autograd keeps for backward during a training step
+    (``torch.autograd.graph.saved_tensors_hooks``, storages counted once), and the process's
+    peak RSS. What recomputation trades: saved tensors inside a checkpointed stage are not
+    kept (recomputed in backward), so they do not count. Rank 0 gathers every rank's pair."""
+
+    def __init__(self) -> None:
+        self.live = self.peak = 0
+        self._counted: dict[int, int] = {}  # storage pointer -> references alive
+        self._hooks = None
+        self.ranks: list[dict] = []
+
+    def _pack(self, t: torch.Tensor):
+        key = t.untyped_storage().data_ptr()
+        if self._counted.get(key, 0) == 0:
+            self.live += t.untyped_storage().nbytes()
+            self.peak = max(self.peak, self.live)
+        self._counted[key] = self._counted.get(key, 0) + 1
+        return _Saved(self, key, t)
+
+    def _release(self, key: int, nbytes: int) -> None:
+        self._counted[key] -= 1
+        if self._counted[key] == 0:
+            del self._counted[key]
+            self.live -= nbytes
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda saved: saved.tensor)
+        self._hooks.__enter__()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._hooks.__exit__(None, None, None)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import resource
+
+        import torch.distributed as dist
+
+        mine = torch.tensor([float(self.peak), float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)])
+        rows = [mine]
+        if dist.is_initialized():
+            rows = [torch.zeros(2) for _ in range(dist.get_world_size())]
+            dist.all_gather(rows, mine)
+        self.ranks = [{"saved_peak_bytes": r[0].item(), "max_rss_bytes": r[1].item()} for r in rows]
+
+
+class _Saved:
+    """A saved tensor that tells :class:`SavedMemory` when autograd lets go of it."""
+
+    __slots__ = ("owner", "key", "tensor", "nbytes")
+
+    def __init__(self, owner: SavedMemory, key: int, tensor: torch.Tensor) -> None:
+        self.owner, self.key, self.tensor = owner, key, tensor
+        self.nbytes = tensor.untyped_storage().nbytes()
+
+    def __del__(self) -> None:
+        self.owner._release(self.key, self.nbytes)
+
+
 def samples_per_second(times: list[float], warmup: int, batch: int) -> float:
     """Samples/s between the end of step ``warmup`` and the end of the last step."""
     if len(times) <= warmup + 1:
@@ -80,7 +139,10 @@ def run_lightning(cfg: dict) -> dict | None:
     data = make_data(shape, batch * cfg["steps"])
     timer, callbacks = StepTimer(), []
     if kind == "epipe":
-        strategy, per_rank, monitor = _epipe(cfg), batch, EPipeMonitor()
+        replicas = cfg.get("strategy", {}).get("replicas", 1)
+        if batch % replicas:
+            raise ValueError(f"global batch {batch} does not split over {replicas} pipeline replicas")
+        strategy, per_rank, monitor = _epipe(cfg), batch // replicas, EPipeMonitor()
         callbacks = [timer, monitor]
     elif kind == "ddp":
         if batch % devices:
@@ -88,6 +150,9 @@ def run_lightning(cfg: dict) -> dict | None:
         strategy, per_rank, monitor, callbacks = "ddp", batch // devices, None, [timer]
     else:
         strategy, per_rank, monitor, callbacks, devices = "auto", batch, None, [timer], 1
+    memory = SavedMemory() if cfg.get("memory") else None
+    if memory is not None:
+        callbacks.append(memory)
     trainer = _trainer(cfg, strategy, devices, callbacks, max_epochs=1, log_every_n_steps=10**6)
     trainer.fit(StackRegressor(layers), loader(data, per_rank))
     if not trainer.is_global_zero:
@@ -97,6 +162,10 @@ def run_lightning(cfg: dict) -> dict | None:
         s = monitor.summary()
         result.update(ratio=s["ratio"], bytes=s["bytes"], bubble=s["bubble"],
                       busy={r: v["compute_s"] for r, v in s["ranks"].items()})
+        if strategy.auto_choices:
+            result["auto"] = strategy.auto_choices
+    if memory is not None:
+        result["memory"] = memory.ranks
     return result
 
 
@@ -111,6 +180,9 @@ def run_digits(cfg: dict) -> dict | None:
     cfg = {**cfg, "placement": cfg.get("placement", "client-server")}
     trainer = _trainer(cfg, _epipe(cfg), cfg["devices"], [monitor], max_epochs=cfg["epochs"], log_every_n_steps=10)
     model, data = DigitsClassifier(), DigitsDataModule(batch_size=cfg.get("batch", 64))
+    if cfg["codec"].get("compressor") == "bottleneck":  # sized and PCA-started on real training images
+        data.setup("fit")
+        model.example_input_array = data.train_set[:256][0]
     trainer.fit(model, data)
     summary = monitor.summary() if trainer.is_global_zero else None
     results = trainer.test(model, data, verbose=False)

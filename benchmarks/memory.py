@@ -1,0 +1,84 @@
+"""Activation memory per stage: GPipe with and without recomputation, by micro-batch count.
+
+    python benchmarks/memory.py            # quick: MLP, 2 processes, chunks 2, 4, 8
+    python benchmarks/memory.py --full
+
+EPipe (chain placement, one stage per process) on the balanced MLP, uncompressed. For every
+rank: the peak bytes of the tensors autograd keeps for backward during a step
+(``SavedMemory`` in ``worker.py``: ``saved_tensors_hooks``, each storage counted once) and the
+process's peak RSS; with ``checkpoint="never"``, ``"except_last"`` and ``"always"``
+(torchgpipe's recomputation policies). GPipe keeps every micro-batch's activations until its
+backward, so the peak grows with the batch, not with ``chunks``; recomputation keeps only
+each stage's input per micro-batch (and, for ``except_last``, the last micro-batch whole).
+1F1B (which would bound the in-flight micro-batches) is not implemented. Throughput is
+measured in the same runs. Writes ``benchmarks/results/memory.{png,json}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import axes, finish, fmt, markdown_table, run, write_json  # noqa: E402
+
+POLICIES = ("never", "except_last", "always")
+
+
+def measure(base: dict, chunks: list[int]) -> list[dict]:
+    rows = []
+    for m in chunks:
+        for policy in POLICIES:
+            result = run({**base, "kind": "epipe", "chunks": m, "memory": True, "strategy": {"checkpoint": policy}})
+            print(f"  chunks={m} checkpoint={policy}: {result.get('memory') or result.get('error')}", flush=True)
+            rows.append({"chunks": m, "checkpoint": policy, **result})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    body = []
+    for r in rows:
+        if "memory" not in r:
+            body.append([r["chunks"], r["checkpoint"], f"failed: {r.get('error')}", "-", "-", "-"])
+            continue
+        never = next((x for x in rows if x["chunks"] == r["chunks"] and x["checkpoint"] == "never" and "memory" in x), None)
+        for rank, mem in enumerate(r["memory"]):
+            base = never["memory"][rank]["saved_peak_bytes"] if never else None
+            body.append([r["chunks"], r["checkpoint"], rank, fmt(mem["saved_peak_bytes"] / 2**20, ".2f"),
+                         fmt(mem["saved_peak_bytes"] / base if base else None, ".2f", "x"),
+                         fmt(mem["max_rss_bytes"] / 2**20, ".0f"), fmt(r.get("samples_per_s"), ".0f")])
+    return markdown_table(["chunks", "checkpoint", "rank", "saved for backward (MiB)", "vs never", "peak RSS (MiB)",
+                           "samples/s"], body)
+
+
+def plot(rows: list[dict]) -> Path:
+    fig, ax = axes()
+    for policy, style in zip(POLICIES, ("o-", "s--", "^:")):
+        points = [(r["chunks"], max(m["saved_peak_bytes"] for m in r["memory"]) / 2**20)
+                  for r in rows if r["checkpoint"] == policy and "memory" in r]
+        ax.plot([p[0] for p in points], [p[1] for p in points], style, label=f"checkpoint={policy}")
+    ax.set_xscale("log", base=2)
+    return finish(fig, ax, "memory.png", "micro-batches per batch (chunks)",
+                  "peak saved-for-backward MiB (busiest rank)", "Activation memory per stage: GPipe vs recomputation")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--chunks", nargs="+", type=int)
+    args = parser.parse_args()
+    steps = 12 if args.full else 6
+    base = dict(model="mlp", devices=args.devices, batch=args.batch, steps=steps, warmup=2, full=args.full,
+                placement="chain", timeout=600)
+    rows = measure(base, args.chunks or [2, 4, 8])
+    write_json("memory.json", rows)
+    print(table(rows))
+    print("plot:", plot(rows))
+
+
+if __name__ == "__main__":
+    main()
