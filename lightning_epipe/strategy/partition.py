@@ -21,7 +21,7 @@ from typing import Literal, Sequence
 
 from torch import nn
 
-__all__ = ["Placement", "PipelinePlan", "find_pipeline", "balance_by_cost", "plan_pipeline", "PLACEMENTS"]
+__all__ = ["Placement", "PipelinePlan", "find_pipeline", "plan_pipeline", "PLACEMENTS"]
 
 Placement = Literal["client-server", "chain"]
 PLACEMENTS: tuple[str, ...] = ("client-server", "chain")
@@ -148,82 +148,3 @@ def find_pipeline(module: nn.Module, name: str | None = None) -> tuple[str, nn.S
         f"{type(module).__name__} has several nn.Sequential children {names}: choose one with"
         f" EPipeStrategy(pipeline={names[0]!r})"
     )
-
-
-def balance_by_cost(costs: Sequence[float], num_ranks: int, placement: str = "client-server") -> list[int]:
-    """Split layers with per-layer ``costs`` into stages minimizing the most loaded *rank*.
-
-    Under client-server the client's load is its head plus its tail. Binary search over
-    the bottleneck value with a greedy feasibility check; ``O(n^2 log n)`` for ``n`` layers.
-    """
-    ranks = _stage_ranks(placement, num_ranks)
-    n, k = len(costs), len(ranks)
-    if n < k:
-        raise ValueError(
-            f"cannot split {n} layers into {k} stages ({num_ranks} processes, placement={placement!r}):"
-            f" use fewer processes or a Sequential with at least {k} children"
-        )
-    costs = [max(float(c), 0.0) for c in costs]
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    candidates = sorted({prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)})
-    lo, hi, best = 0, len(candidates) - 1, None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        found = _split_within(costs, prefix, k, placement, candidates[mid] * (1 + 1e-9) + 1e-12)
-        if found is not None:
-            best, hi = found, mid - 1
-        else:
-            lo = mid + 1
-    assert best is not None  # the total cost is always feasible
-    if placement == "client-server" and k > 3:
-        # The client's head+tail set the bottleneck found above; spread the middle evenly too.
-        head, tail = best[0], best[-1]
-        best = [head, *balance_by_cost(costs[head : n - tail], k - 2, "chain"), tail]
-    return best
-
-
-def _greedy_blocks(costs: list[float], start: int, stop: int, blocks: int, limit: float) -> list[int] | None:
-    """Cut ``costs[start:stop]`` into exactly ``blocks`` non-empty runs each <= ``limit``."""
-    sizes, acc, size = [], 0.0, 0
-    for i in range(start, stop):
-        remaining_layers = stop - i
-        remaining_blocks = blocks - len(sizes)
-        must_cut = size > 0 and remaining_layers < remaining_blocks
-        if size > 0 and (acc + costs[i] > limit or must_cut):
-            sizes.append(size)
-            acc, size = 0.0, 0
-        if costs[i] > limit:
-            return None
-        acc += costs[i]
-        size += 1
-    sizes.append(size)
-    if len(sizes) > blocks:
-        return None
-    while len(sizes) < blocks:  # split the largest run: more stages never raise the bottleneck
-        i = max(range(len(sizes)), key=lambda j: sizes[j])
-        if sizes[i] < 2:
-            return None
-        sizes[i : i + 1] = [sizes[i] - 1, 1]
-    return sizes
-
-
-def _split_within(costs: list[float], prefix: list[float], k: int, placement: str, limit: float) -> list[int] | None:
-    n = len(costs)
-    if placement == "chain":
-        return _greedy_blocks(costs, 0, n, k, limit)
-    middle = k - 2
-    for head in range(1, n - middle):
-        budget = limit - prefix[head]
-        if budget < 0:
-            break
-        tail = 0  # the largest tail that fits leaves the fewest middle layers
-        while head + tail + 1 <= n - middle and prefix[n] - prefix[n - tail - 1] <= budget:
-            tail += 1
-        if tail == 0:
-            continue
-        sizes = _greedy_blocks(costs, head, n - tail, middle, limit) if middle else ([] if head + tail == n else None)
-        if sizes is not None:
-            return [head, *sizes, tail]
-    return None
