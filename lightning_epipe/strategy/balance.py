@@ -52,6 +52,8 @@ def measure_layers(layers: nn.Sequential, sample: Batch, device: torch.device | 
     RNG are restored."""
     costs = [0.0] * len(layers)
     outputs: list[Any] = []
+    home = next((t.device for t in layers.state_dict().values()), torch.device(device))
+    layers.to(device)  # measured where the stage will run (the whole model must fit there once)
     buffers = {name: b.detach().clone() for name, b in layers.named_buffers()}
     x: Any = _to(sample, device)
     with torch.random.fork_rng(devices=[]):
@@ -73,6 +75,7 @@ def measure_layers(layers: nn.Sequential, sample: Batch, device: torch.device | 
     with torch.no_grad():
         for name, b in layers.named_buffers():
             b.copy_(buffers[name])
+    layers.to(home)
     return costs, outputs
 
 

@@ -46,7 +46,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_epipe.compressors import BottleneckPair, Compressor
-from lightning_epipe.strategy.balance import balance_by_parameters, balance_by_time
+from lightning_epipe.strategy.balance import balance_by_parameters
 from lightning_epipe.strategy.bottlenecks import ATTRIBUTE as BOTTLENECKS
 from lightning_epipe.strategy.bottlenecks import (
     ensure_optimized,
@@ -56,6 +56,7 @@ from lightning_epipe.strategy.bottlenecks import (
 )
 from lightning_epipe.strategy.codecs import AUTO_KEYS, CodecBook, DeltaConfig, resolve_specs
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
+from lightning_epipe.strategy.measured_balance import measured_balance
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, broadcast_json
 from lightning_epipe.strategy.microbatch import batch_size, gather, scatter
 from lightning_epipe.strategy.replicas import ReplicaLayout, average_gradients
@@ -136,8 +137,11 @@ class EPipeStrategy(ParallelStrategy):
         delta_first: the codec for a sample's first crossing (default uncompressed).
         delta_cache_limit: bytes one cache may take (default: a quarter of the machine's
             memory); a larger one fails at the first step, saying what it would need.
-        balance: layers per stage, or ``"parameters"`` (default) / ``"time"`` (measured on the
-            LightningModule's ``example_input_array``) to balance automatically.
+        balance: layers per stage, or ``"parameters"`` (default) / ``"time"`` to balance
+            automatically: ``"time"`` times every layer on every rank's own device with the
+            LightningModule's ``example_input_array``, sizes every cut after compression, probes
+            the link, and minimizes the busiest rank's compute + communication within each
+            rank's memory (heterogeneous processes get the share that fits them).
         replicas: pipelines trained data-parallel: ``devices x num_nodes`` processes form
             ``replicas`` pipelines of equal size, each reading its own shard of the data;
             gradients are averaged between the ranks that run the same stages.
@@ -427,8 +431,9 @@ class EPipeStrategy(ParallelStrategy):
         module = self.lightning_module
         plan = self.check_model(module)
         name, layers = find_pipeline(module, self.pipeline_name)
-        if self.balance == "time":
-            plan = self._plan_by_time(module, layers)
+        if self.balance == "time":  # measured once: later stages (test, predict) keep the split
+            reuse = self._plan is not None and self._plan.num_layers == len(layers)
+            plan = self._plan if reuse else self._plan_by_time(module, layers)
         self._plan, self._pipeline = plan, layers
         self._pipeline_attr = name
         if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
@@ -477,11 +482,11 @@ class EPipeStrategy(ParallelStrategy):
                 "EPipeStrategy(balance='time') measures every layer on `example_input_array`: set"
                 " `self.example_input_array` in your LightningModule, or give balance=[...] / 'parameters'"
             )
-        balance = None
         size = self.layout.size
-        if self.global_rank == 0:
-            balance = balance_by_time(layers, example, size, self.placement, device=self.root_device)
-        balance = broadcast_json(balance, self.root_device)
+        codecs = self._check_compressors(num_stages_for(self.placement, size) - 1)
+        first_cut = (codecs.specs["activation"][0].make(), codecs.specs["gradient"][0].make())
+        balance = measured_balance(layers, example, size, self.placement, self.global_rank, self.root_device,
+                                   first_cut, self.num_processes)
         return plan_pipeline(len(layers), size, balance, self.placement)
 
     def _release_foreign_layers(self, module: LightningModule, layers: nn.Sequential, plan: PipelinePlan) -> None:
