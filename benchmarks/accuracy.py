@@ -85,9 +85,11 @@ def plot(rows: list[dict], name: str = "accuracy.png") -> Path:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=fam)
         for x, y, c in pts:
             ax.annotate(c.split("-")[1] + "b", (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    markers = {"+ef": "s", "+delta": "D", "bottleneck": "*"}
     for r in rows:
         if "test_acc" in r and (not r["codec"].startswith(tuple(families)) or "+" in r["codec"]):
-            ax.plot(r["ratio"], r["test_acc"], "^", label=r["codec"])
+            marker = next((m for key, m in markers.items() if key in r["codec"]), "^")
+            ax.plot(r["ratio"], r["test_acc"], marker, markersize=9 if marker == "*" else 6, label=r["codec"])
     ax.set_xscale("log")
     return finish(fig, ax, name, "compression ratio on the wire (bytes sent / uncompressed)",
                   "final test accuracy", "Digits, pipelined: accuracy vs compression")

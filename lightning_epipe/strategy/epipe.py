@@ -16,7 +16,6 @@ Lightning glue only: planning lives in ``partition``/``schedule``, the wire in
 from __future__ import annotations
 
 import logging
-import os
 import time
 import warnings
 from contextlib import contextmanager
@@ -56,11 +55,11 @@ from lightning_epipe.strategy.bottlenecks import (
 )
 from lightning_epipe.strategy.codecs import AUTO_KEYS, CodecBook, DeltaConfig, resolve_specs
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
-from lightning_epipe.strategy.measured_balance import measured_balance
+from lightning_epipe.strategy.measured_balance import measured_balance, memory_capacity
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, broadcast_json
 from lightning_epipe.strategy.microbatch import batch_size, gather, scatter
-from lightning_epipe.strategy.replicas import ReplicaLayout, average_gradients
 from lightning_epipe.strategy.partition import PLACEMENTS, PipelinePlan, find_pipeline, num_stages_for, plan_pipeline
+from lightning_epipe.strategy.replicas import ReplicaLayout, average_gradients, check_replicas
 from lightning_epipe.strategy.runtime import PipelineRuntime
 from lightning_epipe.strategy.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.server_data import ServerBatches
@@ -91,10 +90,8 @@ def _set_collective_timeout(timeout: timedelta) -> None:
 
 def _default_cache_limit() -> int:
     """A quarter of the machine's physical memory."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return 4 << 30
+    limit = memory_capacity(torch.device("cpu"), local_processes=4)
+    return int(limit) if limit != float("inf") else 4 << 30
 
 
 def _not_distributed() -> bool:
@@ -210,8 +207,7 @@ class EPipeStrategy(ParallelStrategy):
             raise ValueError(f"timeout must be a positive datetime.timedelta, got {timeout!r}")
         if isinstance(balance, str) and balance not in ("parameters", "time"):
             raise ValueError(f"balance must be a list of layer counts, 'parameters' or 'time', got {balance!r}")
-        ReplicaLayout(replicas, replicas)  # checks the value
-        self.replicas = replicas
+        self.replicas = check_replicas(replicas)
         self.chunks = chunks
         self.placement = placement
         self.nonfinite = nonfinite
@@ -342,7 +338,7 @@ class EPipeStrategy(ParallelStrategy):
             )
         # a bottleneck's code travels back as a gradient of the same size: the gradient codec
         # of that cut (unless set separately) is the bottleneck's wire codec
-        return CodecBook(activation, gradient, getattr(self, "_delta", None))
+        return CodecBook(activation, gradient, self._delta)
 
     def check_model(self, model: LightningModule) -> PipelinePlan:
         """Validate the module against this configuration; raises before any process starts."""

@@ -20,7 +20,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["ReplicaLayout", "average_gradients"]
+__all__ = ["ReplicaLayout", "average_gradients", "check_replicas"]
+
+
+def check_replicas(value: object) -> int:
+    """``value`` if it is a positive int, else a ValueError that says what ``replicas`` means."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"replicas must be a positive integer (pipelines trained data-parallel), got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -29,8 +36,7 @@ class ReplicaLayout:
     replicas: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
-            raise ValueError(f"replicas must be a positive integer (pipelines trained data-parallel), got {self.replicas!r}")
+        check_replicas(self.replicas)
         if self.world_size % self.replicas:
             raise ValueError(
                 f"{self.world_size} processes do not split into replicas={self.replicas} pipelines of equal size:"

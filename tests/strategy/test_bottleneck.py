@@ -8,6 +8,7 @@ import json
 import torch
 
 from tests.helpers import ROOT, run_ranks
+from tests.strategy.resume import run_and_resume
 from tests.strategy.scenario import TinyNet, make_data, reference
 
 SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
@@ -27,18 +28,9 @@ def test_full_ratio_bottleneck_starts_as_the_identity(tmp_path):
 
 
 def test_compressed_bottleneck_with_error_feedback_resumes_exactly(tmp_path):
-    common = ["--epochs", 4, "--compressor", "bottleneck", "--bits", 4, "--error-feedback", "--timeout", 60,
-              "--compressor-kwargs", json.dumps({"ratio": 0.25, "wire": "quantize"})]
-    run_ranks(SCRIPT, "--out", tmp_path / "full.pt", "--ckpt-dir", tmp_path / "ckpt", *common, timeout=240)
-    ckpt = tmp_path / "ckpt" / "epoch=1.ckpt"
-    run_ranks(SCRIPT, "--out", tmp_path / "resumed.pt", "--resume", ckpt, *common, timeout=240)
-    full = torch.load(tmp_path / "full.pt", weights_only=False)
-    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
-
+    full, ckpt = run_and_resume(tmp_path, "--compressor", "bottleneck", "--bits", 4, "--error-feedback",
+                                "--compressor-kwargs", json.dumps({"ratio": 0.25, "wire": "quantize"}))
     per_epoch = len(full["losses"]) // 4
-    assert resumed["losses"] == full["losses"][2 * per_epoch:]
-    for name, value in full["state_dict"].items():
-        assert torch.equal(resumed["state_dict"][name], value), name
     assert sum(full["losses"][-per_epoch:]) < sum(full["losses"][:per_epoch]) - 0.5
 
     # 4-bit codes of a quarter-width activation: far below the raw activation's bytes
