@@ -7,11 +7,11 @@ EPipe (chain placement, one stage per process) on the balanced MLP, uncompressed
 rank: the peak bytes of the tensors autograd keeps for backward during a step
 (``SavedMemory`` in ``worker.py``: ``saved_tensors_hooks``, each storage counted once) and the
 process's peak RSS; with ``checkpoint="never"``, ``"except_last"`` and ``"always"``
-(torchgpipe's recomputation policies). GPipe keeps every micro-batch's activations until its
-backward, so the peak grows with the batch, not with ``chunks``; recomputation keeps only
-each stage's input per micro-batch (and, for ``except_last``, the last micro-batch whole).
-1F1B (which would bound the in-flight micro-batches) is not implemented. Throughput is
-measured in the same runs. Writes ``benchmarks/results/memory.{png,json}``.
+(torchgpipe's recomputation policies), and ``schedule="1f1b"``. GPipe keeps every
+micro-batch's activations until its backward, so the peak grows with the batch, not with
+``chunks``; recomputation keeps only each stage's input per micro-batch (and, for
+``except_last``, the last micro-batch whole); 1F1B keeps at most ``K - s`` micro-batches at
+stage ``s``, so its peak falls as ``chunks`` grows. Throughput is measured in the same runs. Writes ``benchmarks/results/memory.{png,json}``.
 """
 
 from __future__ import annotations
@@ -24,15 +24,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import axes, finish, fmt, markdown_table, run, write_json  # noqa: E402
 
-POLICIES = ("never", "except_last", "always")
+#: label -> EPipeStrategy arguments: GPipe with torchgpipe's recomputation policies, and 1F1B
+POLICIES = {
+    "never": {"checkpoint": "never"},
+    "except_last": {"checkpoint": "except_last"},
+    "always": {"checkpoint": "always"},
+    "1f1b": {"schedule": "1f1b"},
+}
 
 
 def measure(base: dict, chunks: list[int]) -> list[dict]:
     rows = []
     for m in chunks:
-        for policy in POLICIES:
-            result = run({**base, "kind": "epipe", "chunks": m, "memory": True, "strategy": {"checkpoint": policy}})
-            print(f"  chunks={m} checkpoint={policy}: {result.get('memory') or result.get('error')}", flush=True)
+        for policy, strategy in POLICIES.items():
+            result = run({**base, "kind": "epipe", "chunks": m, "memory": True, "strategy": strategy})
+            print(f"  chunks={m} {policy}: {result.get('memory') or result.get('error')}", flush=True)
             rows.append({"chunks": m, "checkpoint": policy, **result})
     return rows
 
@@ -49,19 +55,19 @@ def table(rows: list[dict]) -> str:
             body.append([r["chunks"], r["checkpoint"], rank, fmt(mem["saved_peak_bytes"] / 2**20, ".2f"),
                          fmt(mem["saved_peak_bytes"] / base if base else None, ".2f", "x"),
                          fmt(mem["max_rss_bytes"] / 2**20, ".0f"), fmt(r.get("samples_per_s"), ".0f")])
-    return markdown_table(["chunks", "checkpoint", "rank", "saved for backward (MiB)", "vs never", "peak RSS (MiB)",
+    return markdown_table(["chunks", "schedule / checkpoint", "rank", "saved for backward (MiB)", "vs never", "peak RSS (MiB)",
                            "samples/s"], body)
 
 
 def plot(rows: list[dict]) -> Path:
     fig, ax = axes()
-    for policy, style in zip(POLICIES, ("o-", "s--", "^:")):
+    for policy, style in zip(POLICIES, ("o-", "s--", "^:", "D-.")):
         points = [(r["chunks"], max(m["saved_peak_bytes"] for m in r["memory"]) / 2**20)
                   for r in rows if r["checkpoint"] == policy and "memory" in r]
         ax.plot([p[0] for p in points], [p[1] for p in points], style, label=f"checkpoint={policy}")
     ax.set_xscale("log", base=2)
     return finish(fig, ax, "memory.png", "micro-batches per batch (chunks)",
-                  "peak saved-for-backward MiB (busiest rank)", "Activation memory per stage: GPipe vs recomputation")
+                  "peak saved-for-backward MiB (busiest rank)", "Activation memory per stage: GPipe, recomputation, 1F1B")
 
 
 def main() -> None:

@@ -67,6 +67,10 @@ class StackRegressor(L.LightningModule):
         x, y = batch
         return nn.functional.mse_loss(self.layers(x), y)
 
+    def pipeline_loss(self, output, batch):
+        """One micro-batch's loss, for EPipeStrategy(schedule="1f1b")."""
+        return nn.functional.mse_loss(output, batch[1])
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 

@@ -21,7 +21,7 @@ import warnings
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path, PurePath
-from typing import Any, Iterator, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Literal, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 CompressorArg = Union[str, Compressor, Sequence[Union[str, Compressor]]]
 _GRAD_ENABLED = 1
 _SAMPLE_IDS = 2  # FORWARD flag: the client's sample ids of this batch follow (delta compression)
+_ONE_F_ONE_B = 4  # FORWARD flag: run the whole step (forwards and backwards) as 1F1B
 _RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 
 
@@ -94,8 +95,30 @@ def _default_cache_limit() -> int:
     return int(limit) if limit != float("inf") else 4 << 30
 
 
+def _check_1f1b(model: LightningModule) -> None:
+    if not callable(getattr(model, "pipeline_loss", None)):
+        raise ValueError(
+            f"EPipeStrategy(schedule='1f1b') backpropagates every micro-batch as soon as its forward ends, so it needs"
+            f" the loss per micro-batch: define `def pipeline_loss(self, output, batch)` on {type(model).__name__},"
+            " returning the mean loss of one micro-batch (`output` and `batch` are its slices), e.g."
+            " `return F.cross_entropy(output, batch[1])`; or use schedule='gpipe'"
+        )
+    if not model.automatic_optimization:
+        raise ValueError("EPipeStrategy(schedule='1f1b') runs with automatic optimization; use schedule='gpipe' for manual")
+
+
 def _not_distributed() -> bool:
     return False
+
+
+def _as_leaf(output: Any) -> Any:
+    """1F1B: the gathered output as a leaf that requires grad, so the step's returned loss can be
+    backpropagated by Lightning (into nothing: the pipeline's gradients are already computed)."""
+    if isinstance(output, Tensor):
+        return output.detach().requires_grad_(output.is_floating_point())
+    if isinstance(output, dict):
+        return {k: _as_leaf(v) for k, v in output.items()}
+    return type(output)(_as_leaf(v) for v in output)
 
 
 def _keep_metrics_local(module: nn.Module) -> None:
@@ -114,6 +137,11 @@ class EPipeStrategy(ParallelStrategy):
 
     Args:
         chunks: micro-batches per batch (a smaller last batch runs as fewer).
+        schedule: ``"gpipe"`` (every forward, then every backward: the loss is computed on the
+            whole batch) or ``"1f1b"`` (each micro-batch's backward starts as soon as its forward
+            ends, so a stage holds at most as many micro-batches as there are stages after it;
+            needs a ``pipeline_loss(output, batch)`` method on the LightningModule giving one
+            micro-batch's mean loss, and automatic optimization).
         compressor: codec for everything crossing a cut: a name from
             ``lightning_epipe.compressors.available_compressors()``, a ``Compressor`` instance,
             ``"bottleneck"`` (a learned encoder/decoder pair per cut), ``"auto"`` (chosen per
@@ -163,6 +191,7 @@ class EPipeStrategy(ParallelStrategy):
     def __init__(
         self,
         chunks: int = 4,
+        schedule: Literal["gpipe", "1f1b"] = "gpipe",
         compressor: CompressorArg = "none",
         bits: Optional[int] = None,
         activation_compressor: Optional[CompressorArg] = None,
@@ -208,6 +237,9 @@ class EPipeStrategy(ParallelStrategy):
         if isinstance(balance, str) and balance not in ("parameters", "time"):
             raise ValueError(f"balance must be a list of layer counts, 'parameters' or 'time', got {balance!r}")
         self.replicas = check_replicas(replicas)
+        if schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {schedule!r}")
+        self.schedule = schedule
         self.chunks = chunks
         self.placement = placement
         self.nonfinite = nonfinite
@@ -244,6 +276,9 @@ class EPipeStrategy(ParallelStrategy):
         self._resume_state: Optional[dict[str, Any]] = None
         self._client_backup: dict[str, Tensor] = {}
         self._skip_backward = False
+        self._step_batch: Any = None  # the client's training batch, for pipeline_loss under 1F1B
+        self._step_loss: Optional[Tensor] = None  # sum of the weighted pipeline_loss values of the step
+        self._stash: list[tuple[Tensor, Tensor]] = []  # 1F1B gradients kept away from Lightning's zero_grad
         self._bottlenecks: dict[int, BottleneckPair] = {}
         self._pipe_transport: Optional[Transport] = None
         self._stage_groups: list[Any] = []
@@ -363,6 +398,8 @@ class EPipeStrategy(ParallelStrategy):
         else:  # "time" is measured in setup(); any valid split checks the rest now
             balance = [1] * (stages - 1) + [len(layers) - stages + 1]
         plan = plan_pipeline(len(layers), world, balance, self.placement)
+        if self.schedule == "1f1b":
+            _check_1f1b(model)
         codecs = self._check_compressors(plan.num_cuts)
         built = [c for c, b in codecs.bottlenecks().items() if b.encoder is None]
         if built and getattr(model, "example_input_array", None) is None:
@@ -537,14 +574,63 @@ class EPipeStrategy(ParallelStrategy):
         if self._delta is not None and grad and self.lightning_module.trainer.training:
             ids = self._sample_ids.pop(batch_size(inputs))
         runtime.begin_step(len(microbatches), None if ids is None else scatter(ids, self.chunks), self._sample_ids.num_samples)
-        flags = (_GRAD_ENABLED if grad else 0) | (_SAMPLE_IDS if ids is not None else 0)
+        one_f_one_b = self.schedule == "1f1b" and grad and self.lightning_module.trainer.training
+        flags = (_GRAD_ENABLED if grad else 0) | (_SAMPLE_IDS if ids is not None else 0) | (_ONE_F_ONE_B if one_f_one_b else 0)
         runtime.command(Command.FORWARD, len(microbatches), flags=flags)
         if ids is not None:
             runtime.send_sample_ids(ids, self._sample_ids.num_samples)
-        outputs = runtime.forward(microbatches)
+        if one_f_one_b:
+            with self._gradients_set_aside():
+                outputs = runtime.run_1f1b(microbatches, self._microbatch_losses(microbatches))
+        else:
+            outputs = runtime.forward(microbatches)
         self.stats.samples += batch_size(inputs)
         self.stats.steps += 1
-        return gather(outputs)
+        output = gather(outputs)
+        return _as_leaf(output) if one_f_one_b else output
+
+    def _microbatch_losses(self, microbatches: list[Any]) -> Callable[[int, Any], Tensor]:
+        """1F1B: ``loss_of(i, output_i)``, the module's ``pipeline_loss`` of micro-batch ``i``
+        weighted by its share of the batch (and by Lightning's gradient accumulation)."""
+        module, batch = self.lightning_module, self._step_batch
+        parts = scatter(batch, len(microbatches)) if batch is not None else []
+        rows = [batch_size(mb) for mb in microbatches]
+        if [batch_size(p) for p in parts] != rows:
+            raise ValueError(
+                "schedule='1f1b' splits the training batch like the pipeline's input to call pipeline_loss per"
+                f" micro-batch, but the batch's rows {[batch_size(p) for p in parts]} do not match the input's {rows}:"
+                " the pipelined Sequential's input must have one row per row of the batch"
+            )
+        scale = 1.0 / module.trainer.accumulate_grad_batches
+        self._step_loss = None
+
+        def loss_of(i: int, output: Any) -> Tensor:
+            loss = module.pipeline_loss(output, parts[i]) * (rows[i] / sum(rows))
+            self._step_loss = loss.detach() if self._step_loss is None else self._step_loss + loss.detach()
+            return loss * scale
+
+        return loss_of
+
+    @contextmanager
+    def _gradients_set_aside(self) -> Iterator[None]:
+        """1F1B computes the step's gradients inside the training step, before Lightning's
+        ``zero_grad``: keep them aside until :meth:`backward`, and leave ``.grad`` as it was
+        (the previous step's, which ``zero_grad`` clears, or an accumulation's)."""
+        params = list(self.lightning_module.parameters())
+        before = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        try:
+            yield
+        finally:
+            self._stash = [(p, p.grad) for p in params if p.grad is not None]
+            for p, g in zip(params, before):
+                p.grad = g
+
+    def _restore_gradients(self) -> None:
+        for p, g in self._stash:
+            p.grad = g if p.grad is None else p.grad + g
+        self._stash = []
 
     @contextmanager
     def _client_step(self) -> Iterator[None]:
@@ -560,8 +646,11 @@ class EPipeStrategy(ParallelStrategy):
             with context:
                 return self._serve(training)
         runtime = self.runtime
+        self._step_batch = (args[0] if args else kwargs.get("batch")) if training else None
         with context, self._client_step():
             output = getattr(self.lightning_module, hook)(*args, **kwargs)
+        if training and self._step_loss is not None:
+            self._check_step_loss(output)
         if training and self.lightning_module.automatic_optimization:
             loss = output["loss"] if isinstance(output, Mapping) else output
             if loss is not None and self.nonfinite == "skip" and not bool(torch.isfinite(loss).all()):
@@ -576,6 +665,16 @@ class EPipeStrategy(ParallelStrategy):
         runtime.command(Command.FINISH_STEP)
         return output
 
+    def _check_step_loss(self, output: Any) -> None:
+        """1F1B trains on ``pipeline_loss``: say so once if the step's returned loss is another."""
+        loss = output["loss"] if isinstance(output, Mapping) else output
+        expected, self._step_loss = self._step_loss, None
+        if isinstance(loss, Tensor) and not torch.allclose(loss.detach().float(), expected.float(), rtol=1e-4, atol=1e-6):
+            rank_zero_warn(
+                f"EPipeStrategy(schedule='1f1b'): training_step returned loss {float(loss):.6g} but the micro-batches'"
+                f" pipeline_loss adds up to {float(expected):.6g}; the gradients come from pipeline_loss"
+            )
+
     def _serve(self, training: bool) -> Optional[Tensor]:
         """A server's step: follow the client's commands until it finishes the step."""
         runtime = self.runtime
@@ -588,7 +687,11 @@ class EPipeStrategy(ParallelStrategy):
                     ids, num_samples = runtime.recv_sample_ids()
                     runtime.sample_ids, runtime.num_samples = scatter(ids, msg.num_microbatches), num_samples
                 with torch.set_grad_enabled(bool(msg.flags & _GRAD_ENABLED)):
-                    runtime.forward()
+                    if msg.flags & _ONE_F_ONE_B:
+                        with self._gradients_set_aside():
+                            runtime.run_1f1b()
+                    else:
+                        runtime.forward()
                 forwarded = True
             elif msg.command == Command.BACKWARD:
                 runtime.backward()
@@ -645,6 +748,7 @@ class EPipeStrategy(ParallelStrategy):
             return closure_loss
         if not self.is_client:
             runtime.backward()  # automatic optimization: Lightning calls this right after training_step
+            self._restore_gradients()
             if not self._agree_on_nonfinite():
                 self._average_over_replicas()
             return closure_loss
@@ -656,6 +760,7 @@ class EPipeStrategy(ParallelStrategy):
         closure_loss = super().backward(closure_loss, optimizer, *args, **kwargs)  # loss and last stage
         self.stats.add_compute(self.plan.num_stages - 1, time.perf_counter() - start)
         runtime.backward()
+        self._restore_gradients()
         if not self._agree_on_nonfinite():
             self._average_over_replicas()
         return closure_loss

@@ -12,7 +12,7 @@ import json
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils.checkpoint
@@ -23,7 +23,7 @@ from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.microbatch import Batch, flatten, unflatten
 from lightning_epipe.strategy.partition import PipelinePlan
-from lightning_epipe.strategy.schedule import rank_tasks, recomputes
+from lightning_epipe.strategy.schedule import rank_tasks, rank_tasks_1f1b, recomputes
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.transport import Transport
 from lightning_epipe.strategy.wire import Command, Flag, Header, Kind, WireError, checksum
@@ -31,6 +31,13 @@ from lightning_epipe.strategy.wire import Command, Flag, Header, Kind, WireError
 __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage"]
 
 _KIND_NAMES = {Kind.ACTIVATION: "activation", Kind.GRADIENT: "gradient", Kind.INPUT: "input"}
+
+
+def _detach(y: Any) -> Any:
+    """A stage output (Tensor or tuple of Tensors) without its autograd graph."""
+    if isinstance(y, Tensor):
+        return y.detach()
+    return type(y)(_detach(t) for t in y)
 
 
 class NonFiniteActivation(FloatingPointError):
@@ -179,47 +186,78 @@ class PipelineRuntime:
         self.nonfinite_seen = False
 
     def forward(self, microbatches: Optional[list[Batch]] = None) -> Optional[list[Any]]:
-        """Run this rank's forward tasks for the current step.
+        """Run this rank's forward tasks for the current step (GPipe: backward comes later).
 
         Args:
             microbatches: on the client, the ``m`` micro-batch inputs ([b, ...] each).
         Returns:
             On the rank of the last stage, its ``m`` outputs; elsewhere ``None``.
         """
-        m = self.num_microbatches
         grad = torch.is_grad_enabled()
+        self._send_inputs(microbatches)
+        outputs: dict[int, Any] = {}
+        for task in rank_tasks(self.stage_ids, self.num_microbatches, "forward"):
+            self._forward_task(task.stage, task.microbatch, microbatches, grad, outputs)
+        self.transport.flush()
+        return self._outputs(outputs)
+
+    def run_1f1b(self, microbatches: Optional[list[Batch]] = None,
+                 loss_of: Optional[Callable[[int, Any], Tensor]] = None) -> Optional[list[Any]]:
+        """A whole training step under 1F1B: forwards and backwards interleaved.
+
+        On the rank of the last stage, ``loss_of(i, y_i)`` is micro-batch ``i``'s loss (already
+        weighted), backpropagated as soon as its forward ends. Parameter gradients accumulate
+        as usual. Returns the last stage's ``m`` outputs, detached, there; elsewhere ``None``.
+        """
+        self._send_inputs(microbatches)
+        outputs: dict[int, Any] = {}
+        for task in rank_tasks_1f1b(self.plan.stage_ranks, self.num_microbatches)[self.rank]:
+            s, i = task.stage, task.microbatch
+            if task.phase == "forward":
+                self._forward_task(s, i, microbatches, True, outputs)
+            elif s == self.last_stage:
+                self._backward_task(s, i, loss=loss_of(i, outputs[i]))
+                outputs[i] = _detach(outputs[i])  # its graph is spent; keep only the values
+            else:
+                self._backward_task(s, i)
+        self.transport.flush()
+        return self._outputs(outputs)
+
+    def _send_inputs(self, microbatches: Optional[list[Batch]]) -> None:
+        """Chain placement: the client sends every micro-batch's raw inputs to the first stage."""
         if self.rank == 0 and self.plan.input_rank != 0:
             for i, mb in enumerate(microbatches):
                 self._send_input(mb, i)
-        outputs: dict[int, Any] = {}
-        for task in rank_tasks(self.stage_ids, m, "forward"):
-            s, i = task.stage, task.microbatch
-            leaves: list[Tensor] = []
-            if s == 0:
-                x = microbatches[i] if self.rank == 0 else self._recv_input(i)
-            else:
-                tensors, bare = self._recv(Kind.ACTIVATION, self.plan.stage_ranks[s - 1], s - 1, i, grad)
-                leaves = [t for t in tensors if t.requires_grad]
-                x = unflatten(tensors, bare)
-            start = time.perf_counter()
-            if grad and recomputes(self.checkpoint, i, m):
-                y = torch.utils.checkpoint.checkpoint(self.stages[s], x, use_reentrant=False)
-            else:
-                y = self.stages[s](x)
-            self.stats.add_compute(s, time.perf_counter() - start)
-            if s == self.last_stage:
-                outputs[i] = y
-                if grad:
-                    self._saved[(s, i)] = _Saved(leaves)
-                continue
-            ys, bare = flatten(y)
-            self._send(Kind.ACTIVATION, self.plan.stage_ranks[s + 1], s, i, ys, bare)
-            if grad:
-                self._saved[(s, i)] = _Saved(leaves, [t for t in ys if t.requires_grad and t.is_floating_point()])
-        self.transport.flush()
+
+    def _outputs(self, outputs: dict[int, Any]) -> Optional[list[Any]]:
         if self.last_stage in self.stage_ids:
-            return [outputs[i] for i in range(m)]
+            return [outputs[i] for i in range(self.num_microbatches)]
         return None
+
+    def _forward_task(self, s: int, i: int, microbatches: Optional[list[Batch]], grad: bool, outputs: dict[int, Any]) -> None:
+        """Stage ``s`` on micro-batch ``i``: receive (or take) its input, run, send or keep the output."""
+        leaves: list[Tensor] = []
+        if s == 0:
+            x = microbatches[i] if self.rank == 0 else self._recv_input(i)
+        else:
+            tensors, bare = self._recv(Kind.ACTIVATION, self.plan.stage_ranks[s - 1], s - 1, i, grad)
+            leaves = [t for t in tensors if t.requires_grad]
+            x = unflatten(tensors, bare)
+        start = time.perf_counter()
+        if grad and recomputes(self.checkpoint, i, self.num_microbatches):
+            y = torch.utils.checkpoint.checkpoint(self.stages[s], x, use_reentrant=False)
+        else:
+            y = self.stages[s](x)
+        self.stats.add_compute(s, time.perf_counter() - start)
+        if s == self.last_stage:
+            outputs[i] = y
+            if grad:
+                self._saved[(s, i)] = _Saved(leaves)
+            return
+        ys, bare = flatten(y)
+        self._send(Kind.ACTIVATION, self.plan.stage_ranks[s + 1], s, i, ys, bare)
+        if grad:
+            self._saved[(s, i)] = _Saved(leaves, [t for t in ys if t.requires_grad and t.is_floating_point()])
 
     # ------------------------------------------------------------------ backward
 
@@ -228,21 +266,27 @@ class PipelineRuntime:
         if not self._saved:
             return
         for task in rank_tasks(self.stage_ids, self.num_microbatches, "backward"):
-            s, i = task.stage, task.microbatch
-            saved = self._saved.pop((s, i), None)
-            if saved is None:
-                continue
-            if s != self.last_stage:
-                grads = self._recv_grads(self.plan.stage_ranks[s + 1], s, i, len(saved.outputs))
-                pairs = [(o, g) for o, g in zip(saved.outputs, grads) if g is not None]
-                if pairs:
-                    start = time.perf_counter()
-                    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-                    self.stats.add_compute(s, time.perf_counter() - start)
-            if s != 0:
-                self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves)
+            self._backward_task(task.stage, task.microbatch)
         self.transport.flush()
-        self.stats.cache_bytes = self.codecs.cache_bytes
+
+    def _backward_task(self, s: int, i: int, loss: Optional[Tensor] = None) -> None:
+        """Backpropagate stage ``s`` for micro-batch ``i`` (the last stage from ``loss``, if given,
+        else from gradients its outputs already hold) and send its input gradients upstream."""
+        saved = self._saved.pop((s, i), None)
+        if saved is None:
+            return
+        pairs: list[tuple[Tensor, Optional[Tensor]]] = []
+        if s != self.last_stage:
+            grads = self._recv_grads(self.plan.stage_ranks[s + 1], s, i, len(saved.outputs))
+            pairs = [(o, g) for o, g in zip(saved.outputs, grads) if g is not None]
+        elif loss is not None:
+            pairs = [(loss, None)]
+        if pairs:
+            start = time.perf_counter()
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            self.stats.add_compute(s, time.perf_counter() - start)
+        if s != 0:
+            self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves)
 
     def discard(self) -> None:
         """Drop the autograd state of a step that will not be backpropagated."""

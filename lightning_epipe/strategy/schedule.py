@@ -12,6 +12,13 @@ A rank runs its forward tasks stage by stage in pipeline order, micro-batches as
 (fill), and its backward tasks in the reverse order (drain). Sends are asynchronous and
 every link carries its messages in one agreed order, so this never deadlocks: a stage's
 work depends only on lower stages in the forward and on higher stages in the backward.
+
+1F1B (``stage_1f1b``): stage ``s`` of ``K`` runs ``min(K - s - 1, m)`` forwards, then
+alternates one forward and one backward, then drains; so it holds at most ``K - s``
+micro-batches' activations instead of ``m``. A rank with two stages (the client-server
+client runs the first and the last) interleaves them in the order of a simulated clock in
+which every task runs one tick after what it depends on (``rank_tasks_1f1b``): each blocking
+receive then waits only for work that comes earlier on every other rank.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator, Literal
 
-__all__ = ["Task", "clock_cycles", "rank_tasks", "ideal_efficiency", "recomputes"]
+__all__ = ["Task", "clock_cycles", "rank_tasks", "ideal_efficiency", "recomputes", "stage_1f1b", "rank_tasks_1f1b"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +68,44 @@ def recomputes(policy: str, microbatch: int, num_microbatches: int) -> bool:
     if policy == "always":
         return True
     return policy == "except_last" and microbatch < num_microbatches - 1
+
+
+def stage_1f1b(stage: int, num_stages: int, num_microbatches: int) -> list[Task]:
+    """The 1F1B order of one stage: warm-up forwards, one-forward-one-backward, cool-down backwards."""
+    m = num_microbatches
+    warmup = min(num_stages - stage - 1, m)
+    tasks = [Task("forward", stage, i) for i in range(warmup)]
+    for i in range(warmup, m):
+        tasks += [Task("forward", stage, i), Task("backward", stage, i - warmup)]
+    tasks += [Task("backward", stage, i) for i in range(m - warmup, m)]
+    return tasks
+
+
+def _ready(task: Task, done: set[Task], last: int) -> bool:
+    if task.phase == "forward":
+        return task.stage == 0 or Task("forward", task.stage - 1, task.microbatch) in done
+    if task.stage == last:
+        return Task("forward", task.stage, task.microbatch) in done
+    return Task("backward", task.stage + 1, task.microbatch) in done
+
+
+def rank_tasks_1f1b(stage_ranks: tuple[int, ...], num_microbatches: int) -> dict[int, list[Task]]:
+    """Every rank's 1F1B tasks in execution order, for stages placed on ``stage_ranks``.
+
+    Simulates a clock: at each tick every stage whose next task has its inputs (computed at
+    earlier ticks) runs it; a rank's order is its stages' tasks by tick, then by stage.
+    """
+    last = len(stage_ranks) - 1
+    queues = {s: stage_1f1b(s, len(stage_ranks), num_microbatches) for s in range(len(stage_ranks))}
+    position = dict.fromkeys(queues, 0)
+    done: set[Task] = set()
+    order: dict[int, list[Task]] = {r: [] for r in sorted(set(stage_ranks))}
+    while any(position[s] < len(q) for s, q in queues.items()):
+        tick = [q[position[s]] for s, q in queues.items() if position[s] < len(q) and _ready(q[position[s]], done, last)]
+        if not tick:  # pragma: no cover - the 1F1B orders are consistent by construction
+            raise RuntimeError("1F1B schedule cannot progress")
+        for task in tick:
+            order[stage_ranks[task.stage]].append(task)
+            position[task.stage] += 1
+        done.update(tick)
+    return order

@@ -59,6 +59,10 @@ class TinyNet(L.LightningModule):
             opt.step()
         return loss
 
+    def pipeline_loss(self, output, batch):
+        """One micro-batch's mean loss, for EPipeStrategy(schedule="1f1b")."""
+        return nn.functional.cross_entropy(output, batch[1])
+
     def validation_step(self, batch, batch_idx):
         x, y = batch
         loss = nn.functional.cross_entropy(self.layers(x), y)
@@ -174,11 +178,12 @@ def main() -> None:
     p.add_argument("--error-feedback", action="store_true")
     p.add_argument("--delta", action="store_true", help="delta compression of activations (AQ-SGD)")
     p.add_argument("--replicas", type=int, default=1, help="pipelines trained data-parallel")
+    p.add_argument("--schedule", default="gpipe")
     p.add_argument("--delta-cache-limit", type=int, default=None)
     args = p.parse_args()
 
     strategy = EPipeStrategy(
-        chunks=args.chunks, compressor=args.compressor, bits=args.bits, placement=args.placement,
+        chunks=args.chunks, schedule=args.schedule, compressor=args.compressor, bits=args.bits, placement=args.placement,
         timeout=timedelta(seconds=args.timeout), nonfinite=args.nonfinite, start_method=args.start_method,
         checkpoint=args.checkpoint, compressor_kwargs=json.loads(args.compressor_kwargs),
         error_feedback=args.error_feedback, replicas=args.replicas, delta_compression=args.delta, delta_cache_limit=args.delta_cache_limit,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tests.helpers import ROOT, run_ranks
@@ -13,6 +14,7 @@ from tests.strategy.scenario import reference
 SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 
 
+@pytest.mark.slow
 def test_every_link_gets_a_codec_within_budget_and_training_goes_on(tmp_path):
     out = tmp_path / "r.pt"
     _, log = run_ranks(SCRIPT, "--out", out, "--steps", 8, "--compressor", "auto",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tests.helpers import ROOT, run_ranks
@@ -27,6 +28,7 @@ def test_full_ratio_bottleneck_starts_as_the_identity(tmp_path):
     assert {k.split(".")[1] for k in pairs} == {"0", "1", "2"}      # one pair per cut, all gathered
 
 
+@pytest.mark.slow
 def test_compressed_bottleneck_with_error_feedback_resumes_exactly(tmp_path):
     full, ckpt = run_and_resume(tmp_path, "--compressor", "bottleneck", "--bits", 4, "--error-feedback",
                                 "--compressor-kwargs", json.dumps({"ratio": 0.25, "wire": "quantize"}))

@@ -38,6 +38,7 @@ class NoSequential(L.LightningModule):
         (dict(balance="memory"), "balance must be"),
         (dict(error_feedback="gradient"), "error_feedback must be True or False"),
         (dict(replicas=0), "replicas must be a positive integer"),
+        (dict(schedule="interleaved"), "schedule must be 'gpipe' or '1f1b'"),
         (dict(compressor="bottleneck", compressor_kwargs={"ratio": 2}), "ratio must be a number in"),
         (dict(compressor="bottleneck", compressor_kwargs={"wire": "zip"}), "unknown compressor 'zip'"),
         (dict(gradient_compressor="bottleneck"), "a bottleneck is a pair of layers on the activation's path"),
@@ -116,3 +117,13 @@ def test_bottleneck_without_example_input_is_refused_before_launch():
 def test_processes_that_do_not_split_into_replicas():
     with pytest.raises(ValueError, match="3 processes do not split into replicas=2 pipelines"):
         _fit(TinyNet(), devices=3, replicas=2)
+
+
+def test_1f1b_needs_a_loss_per_micro_batch():
+    with pytest.raises(ValueError, match=r"define `def pipeline_loss\(self, output, batch\)` on NoLoss"):
+        _fit(type("NoLoss", (TinyNet,), {"pipeline_loss": None})(), schedule="1f1b")
+
+
+def test_1f1b_needs_automatic_optimization():
+    with pytest.raises(ValueError, match="runs with automatic optimization"):
+        _fit(TinyNet(manual=True), schedule="1f1b")

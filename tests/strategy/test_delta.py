@@ -3,6 +3,7 @@ checkpoints (exact resume), and a cache that would not fit refused at the first 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.helpers import ROOT, run_ranks
@@ -23,6 +24,7 @@ def test_lossless_delta_matches_single_process(tmp_path):
         torch.testing.assert_close(got["state_dict"][name], value, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_quantized_delta_resumes_exactly_with_its_caches(tmp_path):
     full, ckpt = run_and_resume(tmp_path, "--delta", "--compressor", "quantize", "--bits", 2)
     per_epoch = len(full["losses"]) // 4

@@ -25,11 +25,16 @@ CASES = {
     "clip-and-accumulate": (["--devices", "3", "--clip", "0.05", "--accumulate", "2"], dict(steps=3, batch_size=16, clip=0.05, accumulate=2)),
     "recompute-except-last": (["--devices", "3", "--checkpoint", "except_last"], dict(steps=3, batch_size=16)),
     "balance-by-time": (["--devices", "3", "--balance", "time"], dict(steps=3, batch_size=16)),
+    "1f1b-client-server-3": (["--devices", "3", "--schedule", "1f1b", "--chunks", "6"], dict(steps=4, batch_size=16)),
+    "1f1b-chain-accumulate": (["--devices", "3", "--placement", "chain", "--schedule", "1f1b", "--accumulate", "2"], dict(steps=3, batch_size=16, accumulate=2)),
     "small-last-batch": (["--devices", "2", "--placement", "chain", "--chunks", "8", "--batch-size", "23"], dict(steps=5, batch_size=23)),
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+SLOW = {"1f1b-chain-accumulate", "balance-by-time"}
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
 def test_pipeline_matches_single_process(case, tmp_path):
     cli, ref_kwargs = CASES[case]
     out = tmp_path / "result.pt"

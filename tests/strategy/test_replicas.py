@@ -41,11 +41,13 @@ def reference_on_global_batches(steps: int, clip=None, **model_kwargs) -> TinyNe
 
 @pytest.mark.parametrize("case", [
     ["--placement", "client-server"],
-    ["--placement", "chain", "--optimizer", "adam", "--clip", "0.05"],
+    pytest.param(["--placement", "chain", "--optimizer", "adam", "--clip", "0.05"], marks=pytest.mark.slow),
 ])
 def test_two_pipelines_of_two_match_one_process_on_the_global_batch(case, tmp_path):
     out = tmp_path / "r.pt"
-    run_ranks(SCRIPT, "--out", out, "--devices", 4, "--replicas", 2, "--steps", 5, "--batch-size", 8, *case, timeout=300)
+    # the shards depend on the sampler's seed, which an earlier seed_everything may have exported
+    run_ranks(SCRIPT, "--out", out, "--devices", 4, "--replicas", 2, "--steps", 5, "--batch-size", 8, *case, timeout=300,
+              env={"PL_GLOBAL_SEED": "0"})
     got = torch.load(out, weights_only=False)
     kwargs = {"optimizer": "adam"} if "adam" in case else {}
     ref = reference_on_global_batches(5, clip=0.05 if "--clip" in case else None, **kwargs)
