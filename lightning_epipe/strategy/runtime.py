@@ -23,7 +23,7 @@ from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.microbatch import Batch, flatten, unflatten
 from lightning_epipe.strategy.partition import PipelinePlan
-from lightning_epipe.strategy.schedule import rank_tasks, rank_tasks_1f1b, recomputes
+from lightning_epipe.strategy.schedule import Task, rank_tasks, rank_tasks_1f1b, recomputes
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.transport import Transport
 from lightning_epipe.strategy.wire import Command, Flag, Header, Kind, WireError, checksum
@@ -107,6 +107,8 @@ class PipelineRuntime:
         self.sample_ids: Optional[list[Tensor]] = None  # [b] dataset indices per micro-batch (delta compression)
         self.num_samples = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
+        self._input_segments: Optional[list[list[int]]] = None  # chain + 1F1B: rank 0's inputs, in link order
+        self._inputs: Optional[list[Batch]] = None
 
     def _stage_module(self, s: int, layers: nn.Sequential, pairs: dict[int, BottleneckPair]) -> nn.Sequential:
         """Stage ``s``'s layers, after the decoder of the cut before it and before the encoder of the cut after it."""
@@ -209,9 +211,11 @@ class PipelineRuntime:
         weighted), backpropagated as soon as its forward ends. Parameter gradients accumulate
         as usual. Returns the last stage's ``m`` outputs, detached, there; elsewhere ``None``.
         """
-        self._send_inputs(microbatches)
+        order = rank_tasks_1f1b(self.plan.stage_ranks, self.num_microbatches)
+        self._input_segments = self._input_order(order, microbatches)
+        self._send_next_inputs()
         outputs: dict[int, Any] = {}
-        for task in rank_tasks_1f1b(self.plan.stage_ranks, self.num_microbatches)[self.rank]:
+        for task in order[self.rank]:
             s, i = task.stage, task.microbatch
             if task.phase == "forward":
                 self._forward_task(s, i, microbatches, True, outputs)
@@ -220,8 +224,32 @@ class PipelineRuntime:
                 outputs[i] = _detach(outputs[i])  # its graph is spent; keep only the values
             else:
                 self._backward_task(s, i)
+        self._send_next_inputs()
+        self._input_segments = None
         self.transport.flush()
         return self._outputs(outputs)
+
+    def _input_order(self, order: dict[int, list[Task]], microbatches: Optional[list[Batch]]) -> Optional[list[list[int]]]:
+        """Chain placement under 1F1B: the micro-batches whose raw inputs rank 0 sends before each
+        gradient it sends to the input rank, so that link carries them in the order they are read
+        (with two processes rank 0 runs the last stage and feeds both the inputs and the gradients
+        of the first). ``None`` where rank 0 sends no inputs."""
+        if self.rank != 0 or self.plan.input_rank == 0:
+            return None
+        segments: list[list[int]] = [[]]
+        for t in order[self.plan.input_rank]:
+            if t.phase == "forward" and t.stage == 0:
+                segments[-1].append(t.microbatch)
+            elif t.phase == "backward" and t.stage < self.last_stage and self.plan.stage_ranks[t.stage + 1] == 0:
+                segments.append([])
+        self._inputs = microbatches
+        return segments
+
+    def _send_next_inputs(self) -> None:
+        """Send the next segment of raw inputs (see :meth:`_input_order`), eagerly."""
+        if self._input_segments:
+            for i in self._input_segments.pop(0):
+                self._send_input(self._inputs[i], i)
 
     def _send_inputs(self, microbatches: Optional[list[Batch]]) -> None:
         """Chain placement: the client sends every micro-batch's raw inputs to the first stage."""
@@ -287,6 +315,8 @@ class PipelineRuntime:
             self.stats.add_compute(s, time.perf_counter() - start)
         if s != 0:
             self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves)
+            if self._input_segments is not None and self.plan.stage_ranks[s - 1] == self.plan.input_rank:
+                self._send_next_inputs()  # what the input rank reads next after this gradient
 
     def discard(self) -> None:
         """Drop the autograd state of a step that will not be backpropagated."""

@@ -26,6 +26,8 @@ CASES = {
     "recompute-except-last": (["--devices", "3", "--checkpoint", "except_last"], dict(steps=3, batch_size=16)),
     "balance-by-time": (["--devices", "3", "--balance", "time"], dict(steps=3, batch_size=16)),
     "1f1b-client-server-3": (["--devices", "3", "--schedule", "1f1b", "--chunks", "6"], dict(steps=4, batch_size=16)),
+    # two processes: rank 0 feeds the first stage both its inputs and its gradients, one link
+    "1f1b-chain-2": (["--devices", "2", "--placement", "chain", "--schedule", "1f1b", "--chunks", "4"], dict(steps=3, batch_size=16)),
     "1f1b-chain-accumulate": (["--devices", "3", "--placement", "chain", "--schedule", "1f1b", "--accumulate", "2"], dict(steps=3, batch_size=16, accumulate=2)),
     "small-last-batch": (["--devices", "2", "--placement", "chain", "--chunks", "8", "--batch-size", "23"], dict(steps=5, batch_size=23)),
 }
