@@ -43,6 +43,10 @@ class SequentialClassifier(L.LightningModule):
         self.log("train_loss", loss, prog_bar=True, batch_size=labels.shape[0])
         return loss
 
+    def pipeline_loss(self, output: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """One micro-batch's mean loss: what ``EPipeStrategy(schedule="1f1b")`` backpropagates."""
+        return F.cross_entropy(output, batch[1])
+
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "val", self.val_metrics)
 
