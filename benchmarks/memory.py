@@ -4,8 +4,9 @@
     python benchmarks/memory.py --full
 
 EPipe (chain placement, one stage per process) on the balanced MLP, uncompressed. For every
-rank: the peak bytes of the tensors autograd keeps for backward during a step
-(``SavedMemory`` in ``worker.py``: ``saved_tensors_hooks``, each storage counted once) and the
+rank: the peak bytes of the activations autograd keeps for backward during a step
+(``SavedMemory`` in ``worker.py``: ``saved_tensors_hooks``, each storage counted once, the
+weights that Linear layers also save left out) and the
 process's peak RSS; with ``checkpoint="never"``, ``"except_last"`` and ``"always"``
 (torchgpipe's recomputation policies), and ``schedule="1f1b"``. GPipe keeps every
 micro-batch's activations until its backward, so the peak grows with the batch, not with

@@ -47,19 +47,22 @@ class StepTimer(L.Callback):
 
 
 class SavedMemory(L.Callback):
-    """Per rank: the peak bytes of tensors autograd keeps for backward during a training step
-    (``torch.autograd.graph.saved_tensors_hooks``, storages counted once), and the process's
-    peak RSS. What recomputation trades: saved tensors inside a checkpointed stage are not
+    """Per rank: the peak bytes of activations autograd keeps for backward during a training
+    step (``torch.autograd.graph.saved_tensors_hooks``, storages counted once, the weights
+    that layers also save left out), and the process's peak RSS. What recomputation trades: saved tensors inside a checkpointed stage are not
     kept (recomputed in backward), so they do not count. Rank 0 gathers every rank's pair."""
 
     def __init__(self) -> None:
         self.live = self.peak = 0
         self._counted: dict[int, int] = {}  # storage pointer -> references alive
         self._hooks = None
+        self._weights: set[int] = set()  # storages of parameters: saved too, but not activations
         self.ranks: list[dict] = []
 
     def _pack(self, t: torch.Tensor):
         key = t.untyped_storage().data_ptr()
+        if key in self._weights:
+            return _Saved(None, key, t)
         if self._counted.get(key, 0) == 0:
             self.live += t.untyped_storage().nbytes()
             self.peak = max(self.peak, self.live)
@@ -73,6 +76,7 @@ class SavedMemory(L.Callback):
             self.live -= nbytes
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._weights = {p.untyped_storage().data_ptr() for p in pl_module.parameters() if not p.is_meta}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda saved: saved.tensor)
         self._hooks.__enter__()
 
@@ -97,12 +101,13 @@ class _Saved:
 
     __slots__ = ("owner", "key", "tensor", "nbytes")
 
-    def __init__(self, owner: SavedMemory, key: int, tensor: torch.Tensor) -> None:
+    def __init__(self, owner: "SavedMemory | None", key: int, tensor: torch.Tensor) -> None:
         self.owner, self.key, self.tensor = owner, key, tensor
         self.nbytes = tensor.untyped_storage().nbytes()
 
     def __del__(self) -> None:
-        self.owner._release(self.key, self.nbytes)
+        if self.owner is not None:
+            self.owner._release(self.key, self.nbytes)
 
 
 def samples_per_second(times: list[float], warmup: int, batch: int) -> float:
