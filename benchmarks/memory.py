@@ -65,7 +65,8 @@ def plot(rows: list[dict]) -> Path:
     for policy, style in zip(POLICIES, ("o-", "s--", "^:", "D-.")):
         points = [(r["chunks"], max(m["saved_peak_bytes"] for m in r["memory"]) / 2**20)
                   for r in rows if r["checkpoint"] == policy and "memory" in r]
-        ax.plot([p[0] for p in points], [p[1] for p in points], style, label=f"checkpoint={policy}")
+        label = "1F1B" if policy == "1f1b" else f"GPipe, checkpoint={policy}"
+        ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
     ax.set_xscale("log", base=2)
     return finish(fig, ax, "memory.png", "micro-batches per batch (chunks)",
                   "peak saved-for-backward MiB (busiest rank)", "Activation memory per stage: GPipe, recomputation, 1F1B")
