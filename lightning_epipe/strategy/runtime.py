@@ -212,7 +212,7 @@ class PipelineRuntime:
         as usual. Returns the last stage's ``m`` outputs, detached, there; elsewhere ``None``.
         """
         order = rank_tasks_1f1b(self.plan.stage_ranks, self.num_microbatches)
-        self._input_segments = self._input_order(order, microbatches)
+        self._inputs, self._input_segments = microbatches, self._input_order(order)
         self._send_next_inputs()
         outputs: dict[int, Any] = {}
         for task in order[self.rank]:
@@ -225,11 +225,11 @@ class PipelineRuntime:
             else:
                 self._backward_task(s, i)
         self._send_next_inputs()
-        self._input_segments = None
+        self._inputs, self._input_segments = None, None
         self.transport.flush()
         return self._outputs(outputs)
 
-    def _input_order(self, order: dict[int, list[Task]], microbatches: Optional[list[Batch]]) -> Optional[list[list[int]]]:
+    def _input_order(self, order: dict[int, list[Task]]) -> Optional[list[list[int]]]:
         """Chain placement under 1F1B: the micro-batches whose raw inputs rank 0 sends before each
         gradient it sends to the input rank, so that link carries them in the order they are read
         (with two processes rank 0 runs the last stage and feeds both the inputs and the gradients
@@ -242,7 +242,6 @@ class PipelineRuntime:
                 segments[-1].append(t.microbatch)
             elif t.phase == "backward" and t.stage < self.last_stage and self.plan.stage_ranks[t.stage + 1] == 0:
                 segments.append([])
-        self._inputs = microbatches
         return segments
 
     def _send_next_inputs(self) -> None:
