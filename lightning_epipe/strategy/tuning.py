@@ -37,11 +37,11 @@ from lightning_epipe.strategy.autotune import (
     format_choices,
     needs_retune,
 )
-from lightning_epipe.strategy.codecs import AUTO_KEYS, CodecBook
+from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.metrics_sync import broadcast_json
 from lightning_epipe.strategy.partition import PipelinePlan
 
-__all__ = ["AutoTuner", "probe_bandwidth", "AUTO_KEYS"]
+__all__ = ["AutoTuner", "probe_bandwidth"]
 
 _PROBE_ROUNDS = 3
 
