@@ -35,9 +35,10 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def build_layers(name: str, full: bool = False) -> tuple[nn.Sequential, tuple[int, ...]]:
-    """The stack and the shape of one sample (without the batch dimension)."""
-    cfg = MODELS[name]["full" if full else "quick"]
+def build_layers(name: str, full: bool = False, **overrides: int) -> tuple[nn.Sequential, tuple[int, ...]]:
+    """The stack and the shape of one sample (without the batch dimension); ``overrides``
+    replace builder settings (e.g. ``width=512``)."""
+    cfg = {**MODELS[name]["full" if full else "quick"], **overrides}
     torch.manual_seed(0)
     if name == "mlp":
         blocks = []

@@ -8,10 +8,13 @@ Kinds:
 - ``ddp``: Lightning's ``strategy="ddp"`` on CPU/gloo, the same global batch split over ranks.
 - ``single``: one process, the whole batch, no parallelism (the efficiency baseline).
 - ``pipelining``: PyTorch's ``torch.distributed.pipelining`` (``PipelineStage`` +
-  ``ScheduleGPipe``) on gloo; :func:`benchmarks.common.run` starts one process per rank.
+  ``ScheduleGPipe``, or ``Schedule1F1B`` with ``cfg["schedule"] = "1f1b"``) on gloo;
+  :func:`benchmarks.common.run` starts one process per rank.
 - ``digits``: the digits example pipelined with EPipeStrategy, then tested (accuracy).
 
 ``cfg["strategy"]``: further EPipeStrategy keyword arguments (e.g. ``verify_checksum``).
+``cfg["layers"]``: builder overrides of the model (e.g. ``{"width": 512}``); ``cfg["balance"]``:
+layers per stage in pipeline order, the same split for EPipe and torch pipelining.
 Throughput is measured on rank 0 from the end of step ``warmup`` to the end of the last step.
 """
 
@@ -130,7 +133,7 @@ def _epipe(cfg: dict):
 
     codec = dict(cfg.get("codec") or {"compressor": "none"})
     return EPipeStrategy(
-        chunks=cfg["chunks"], placement=cfg.get("placement", "chain"),
+        chunks=cfg["chunks"], placement=cfg.get("placement", "chain"), balance=cfg.get("balance"),
         timeout=timedelta(seconds=cfg.get("timeout", 300)), **codec, **cfg.get("strategy", {}),
     )
 
@@ -139,7 +142,7 @@ def run_lightning(cfg: dict) -> dict | None:
     """``epipe``, ``ddp`` or ``single`` on the synthetic stack."""
     from lightning_epipe.callbacks import EPipeMonitor
 
-    layers, shape = build_layers(cfg["model"], cfg.get("full", False))
+    layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
     kind, devices, batch = cfg["kind"], cfg["devices"], cfg["batch"]
     data = make_data(shape, batch * cfg["steps"])
     timer, callbacks = StepTimer(), []
@@ -199,20 +202,21 @@ def run_digits(cfg: dict) -> dict | None:
 def run_pipelining(cfg: dict) -> dict | None:
     """torch.distributed.pipelining, GPipe, uncompressed, one stage per rank (rank 0 first)."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from lightning_epipe.strategy.balance import balance_by_parameters
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=cfg.get("timeout", 300)))
     try:
-        layers, shape = build_layers(cfg["model"], cfg.get("full", False))
-        balance = balance_by_parameters(layers, world, "chain")
+        layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
+        balance = cfg.get("balance") or balance_by_parameters(layers, world, "chain")
         start = sum(balance[:rank])
         module = layers[start:start + balance[rank]]
         batch, chunks = cfg["batch"], cfg["chunks"]
         stage = PipelineStage(module, rank, world, torch.device("cpu"))
-        schedule = ScheduleGPipe(stage, chunks, loss_fn=torch.nn.functional.mse_loss)
+        kind = Schedule1F1B if cfg.get("schedule", "gpipe") == "1f1b" else ScheduleGPipe
+        schedule = kind(stage, chunks, loss_fn=torch.nn.functional.mse_loss)
         opt = torch.optim.SGD(module.parameters(), lr=1e-3)
         data = make_data(shape, batch * cfg["steps"])
         times = []

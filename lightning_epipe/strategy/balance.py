@@ -16,6 +16,7 @@ from torch import nn
 
 from lightning_epipe.strategy.microbatch import Batch
 from lightning_epipe.strategy.balance_solver import solve_balance
+from lightning_epipe.strategy.timing import synchronize
 
 __all__ = ["balance_by_parameters", "balance_by_time", "measure_layers", "cut_nbytes", "layer_memory"]
 
@@ -61,11 +62,13 @@ def measure_layers(layers: nn.Sequential, sample: Batch, device: torch.device | 
             x_i = x
             for i, layer in enumerate(layers):
                 x_i = _detach(x_i)
+                synchronize(torch.device(device))
                 start = time.perf_counter()
                 y = layer(x_i)
                 outs = [t for t in (y if isinstance(y, (tuple, list)) else (y,)) if t.requires_grad]
                 if outs:
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+                synchronize(torch.device(device))
                 if r:
                     costs[i] += time.perf_counter() - start
                 else:

@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from typing import Sequence, Union
 
-from lightning_epipe.strategy.partition import PLACEMENTS, _stage_ranks, plan_pipeline
+from lightning_epipe.strategy.partition import PLACEMENTS, stage_ranks_for, plan_pipeline
 
 __all__ = ["solve_balance", "rank_loads"]
 
@@ -327,7 +327,7 @@ def _validate(layer_costs, num_ranks, placement, cut_costs):
         )
     if placement not in PLACEMENTS:
         raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
-    stage_ranks = _stage_ranks(placement, num_ranks)
+    stage_ranks = stage_ranks_for(placement, num_ranks)
     rows = list(layer_costs)
     per_rank = bool(rows) and all(hasattr(r, "__len__") for r in rows)
     if per_rank:

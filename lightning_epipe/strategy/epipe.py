@@ -16,9 +16,9 @@ Lightning glue only: planning lives in ``partition``/``schedule``, the wire in
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path, PurePath
 from typing import Any, Callable, Iterator, Literal, Mapping, Optional, Sequence, Union
@@ -65,18 +65,16 @@ from lightning_epipe.strategy.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.server_data import ServerBatches
 from lightning_epipe.strategy.state import flatten_state, gather_tensors, unflatten_state
 from lightning_epipe.strategy.stats import PipelineStats
+from lightning_epipe.strategy.stream_groups import StreamGroups, create_stream_groups
 from lightning_epipe.strategy.transport import Transport
 from lightning_epipe.strategy.tuning import AutoTuner
-from lightning_epipe.strategy.wire import Command
+from lightning_epipe.strategy.wire import Command, StepFlag
 
 __all__ = ["EPipeStrategy"]
 
 log = logging.getLogger(__name__)
 
 CompressorArg = Union[str, Compressor, Sequence[Union[str, Compressor]]]
-_GRAD_ENABLED = 1
-_SAMPLE_IDS = 2  # FORWARD flag: the client's sample ids of this batch follow (delta compression)
-_ONE_F_ONE_B = 4  # FORWARD flag: run the whole step (forwards and backwards) as 1F1B
 _RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 
 
@@ -89,9 +87,9 @@ def _set_collective_timeout(timeout: timedelta) -> None:
         _set_pg_timeout(timeout)
 
 
-def _default_cache_limit() -> int:
-    """A quarter of the machine's physical memory."""
-    limit = memory_capacity(torch.device("cpu"), local_processes=4)
+def _default_cache_limit(device: torch.device, local_processes: int) -> int:
+    """A quarter of what this process may use: its accelerator's memory, or its share of the host's RAM."""
+    limit = memory_capacity(device, local_processes) / 4
     return int(limit) if limit != float("inf") else 4 << 30
 
 
@@ -160,8 +158,9 @@ class EPipeStrategy(ParallelStrategy):
             (:class:`~lightning_epipe.compressors.delta.DeltaCompressor`). Needs a
             map-style training DataLoader (the sample indices come from its sampler).
         delta_first: the codec for a sample's first crossing (default uncompressed).
-        delta_cache_limit: bytes one cache may take (default: a quarter of the machine's
-            memory); a larger one fails at the first step, saying what it would need.
+        delta_cache_limit: bytes one cache may take (default: a quarter of the stage's device
+            memory, or of the process's share of the host's RAM on CPU); a larger one fails at the
+            first step, saying what it would need.
         balance: layers per stage, or ``"parameters"`` (default) / ``"time"`` to balance
             automatically: ``"time"`` times every layer on every rank's own device with the
             LightningModule's ``example_input_array``, sizes every cut after compression, probes
@@ -259,7 +258,7 @@ class EPipeStrategy(ParallelStrategy):
         self.error_feedback = error_feedback
         if not isinstance(delta_compression, bool):
             raise ValueError(f"delta_compression must be True or False, got {delta_compression!r}")
-        self._delta = DeltaConfig(delta_first, delta_cache_limit or _default_cache_limit()) if delta_compression else None
+        self._delta = DeltaConfig(delta_first, delta_cache_limit) if delta_compression else None
         self._sample_ids = SampleIdRecorder()
         self._compressor_args = (compressor, activation_compressor, gradient_compressor, kwargs)
         self._check_compressors(num_cuts=None)
@@ -281,6 +280,7 @@ class EPipeStrategy(ParallelStrategy):
         self._stash: list[tuple[Tensor, Tensor]] = []  # 1F1B gradients kept away from Lightning's zero_grad
         self._bottlenecks: dict[int, BottleneckPair] = {}
         self._pipe_transport: Optional[Transport] = None
+        self._stream_groups: Optional[tuple[StreamGroups, Any]] = None
         self._stage_groups: list[Any] = []
         self._bottleneck_state: dict[str, Tensor] = {}
 
@@ -439,8 +439,11 @@ class EPipeStrategy(ParallelStrategy):
         if self._timeout < _RENDEZVOUS_TIMEOUT:
             _set_collective_timeout(self._timeout)
         layout = self.layout
-        if layout.replicas > 1:  # every rank creates every group, in the same order
-            self._stage_groups = [dist.new_group(list(layout.stage_group(k))) for k in range(layout.size)]
+        if self._stream_groups is None:  # once per process: fit and a later test share them
+            # every rank creates every group, in the same order
+            self._stream_groups = create_stream_groups(layout, self.placement, self.global_rank, backend)
+            if layout.replicas > 1:
+                self._stage_groups = [dist.new_group(list(layout.stage_group(k))) for k in range(layout.size)]
 
     def set_world_ranks(self) -> None:
         if self.cluster_environment is not None:
@@ -469,6 +472,9 @@ class EPipeStrategy(ParallelStrategy):
             plan = self._plan if reuse else self._plan_by_time(module, layers)
         self._plan, self._pipeline = plan, layers
         self._pipeline_attr = name
+        if self._delta is not None and self._delta.cache_limit is None:  # sized for the stage's own device
+            self._delta = replace(self._delta, cache_limit=_default_cache_limit(self.root_device, self.num_processes))
+            self._codecs = None
         if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
             self._codecs = self._check_compressors(plan.num_cuts)
         saved = (self._resume_state or {}).get("bottlenecks")
@@ -489,11 +495,16 @@ class EPipeStrategy(ParallelStrategy):
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
-        self._transport = Transport(self.global_rank, self.root_device, self._timeout, self.verify_checksum, self.stats)
-        offset = self.layout.offset(self.global_rank)
-        self._pipe_transport = Transport(
-            self.pipeline_rank, self.root_device, self._timeout, self.verify_checksum, self.stats, offset=offset
-        )
+        if self._pipe_transport is None:  # kept across fit/validate/test: receives may be posted ahead
+            groups, control = self._stream_groups
+            host = torch.device("cpu")
+            self._transport = Transport(self.global_rank, self.root_device, self._timeout, self.verify_checksum, self.stats,
+                                        control_group=control, control_device=host)
+            self._pipe_transport = Transport(
+                self.pipeline_rank, self.root_device, self._timeout, self.verify_checksum, self.stats,
+                offset=self.layout.offset(self.global_rank), groups=groups, control_group=control, control_device=host,
+                host_staged=self._process_group_backend == "gloo",  # gloo carries host memory only
+            )
         self._runtime = PipelineRuntime(
             plan, self.pipeline_rank, layers, self._pipe_transport, self._codecs, self.stats, self.nonfinite,
             self.checkpoint, self._bottlenecks,
@@ -575,7 +586,10 @@ class EPipeStrategy(ParallelStrategy):
             ids = self._sample_ids.pop(batch_size(inputs))
         runtime.begin_step(len(microbatches), None if ids is None else scatter(ids, self.chunks), self._sample_ids.num_samples)
         one_f_one_b = self.schedule == "1f1b" and grad and self.lightning_module.trainer.training
-        flags = (_GRAD_ENABLED if grad else 0) | (_SAMPLE_IDS if ids is not None else 0) | (_ONE_F_ONE_B if one_f_one_b else 0)
+        flags = StepFlag.NONE
+        flags |= StepFlag.GRAD_ENABLED if grad else 0
+        flags |= StepFlag.SAMPLE_IDS if ids is not None else 0
+        flags |= StepFlag.ONE_F_ONE_B if one_f_one_b else 0
         runtime.command(Command.FORWARD, len(microbatches), flags=flags)
         if ids is not None:
             runtime.send_sample_ids(ids, self._sample_ids.num_samples)
@@ -683,11 +697,11 @@ class EPipeStrategy(ParallelStrategy):
             msg = runtime.next_command()
             if msg.command == Command.FORWARD:
                 runtime.begin_step(msg.num_microbatches)
-                if msg.flags & _SAMPLE_IDS:
+                if msg.flags & StepFlag.SAMPLE_IDS:
                     ids, num_samples = runtime.recv_sample_ids()
                     runtime.sample_ids, runtime.num_samples = scatter(ids, msg.num_microbatches), num_samples
-                with torch.set_grad_enabled(bool(msg.flags & _GRAD_ENABLED)):
-                    if msg.flags & _ONE_F_ONE_B:
+                with torch.set_grad_enabled(bool(msg.flags & StepFlag.GRAD_ENABLED)):
+                    if msg.flags & StepFlag.ONE_F_ONE_B:
                         with self._gradients_set_aside():
                             runtime.run_1f1b()
                     else:
@@ -756,9 +770,8 @@ class EPipeStrategy(ParallelStrategy):
             if not runtime.has_pending_backward:
                 raise RuntimeError("manual_backward() needs a pipelined forward in the same training_step")
             runtime.command(Command.BACKWARD)
-        start = time.perf_counter()
-        closure_loss = super().backward(closure_loss, optimizer, *args, **kwargs)  # loss and last stage
-        self.stats.add_compute(self.plan.num_stages - 1, time.perf_counter() - start)
+        with runtime.timer.measure(self.plan.num_stages - 1):  # the loss and the last stage (its gradients leave as they come)
+            closure_loss = super().backward(closure_loss, optimizer, *args, **kwargs)
         runtime.backward()
         self._restore_gradients()
         if not self._agree_on_nonfinite():

@@ -85,7 +85,7 @@ class PipelinePlan:
         return self.stage_ranks[cut], self.stage_ranks[cut + 1]
 
 
-def _stage_ranks(placement: str, num_ranks: int) -> tuple[int, ...]:
+def stage_ranks_for(placement: str, num_ranks: int) -> tuple[int, ...]:
     if placement == "client-server":
         return (0, *range(1, num_ranks), 0)
     if placement == "chain":
@@ -95,7 +95,7 @@ def _stage_ranks(placement: str, num_ranks: int) -> tuple[int, ...]:
 
 def num_stages_for(placement: str, num_ranks: int) -> int:
     """How many stages ``num_ranks`` processes form under ``placement``."""
-    return len(_stage_ranks(placement, num_ranks))
+    return len(stage_ranks_for(placement, num_ranks))
 
 
 def plan_pipeline(
@@ -107,7 +107,7 @@ def plan_pipeline(
             f"a pipeline needs at least 2 processes, got {num_ranks}: set `devices=2` or more"
             " (or `num_nodes`), or train without EPipeStrategy"
         )
-    ranks = _stage_ranks(placement, num_ranks)
+    ranks = stage_ranks_for(placement, num_ranks)
     balance = tuple(int(b) for b in balance)
     if len(balance) != len(ranks):
         raise ValueError(

@@ -1,15 +1,25 @@
-"""Run one rank's share of the GPipe schedule: receive, compute, compress, send.
+"""Run one rank's share of the pipeline schedule: receive, compute, compress, send.
 
 The :class:`PipelineRuntime` owns this rank's stages, the per-step autograd state and the
 codec streams; the strategy calls :meth:`~PipelineRuntime.forward` and
-:meth:`~PipelineRuntime.backward`, the client additionally :meth:`~PipelineRuntime.command`.
-Shape legend: ``B`` batch, ``b`` micro-batch rows, ``m`` micro-batches.
+:meth:`~PipelineRuntime.backward` (GPipe) or :meth:`~PipelineRuntime.run_1f1b`, the client
+additionally :meth:`~PipelineRuntime.command`. Shape legend: ``B`` batch, ``b`` micro-batch
+rows, ``m`` micro-batches.
+
+What keeps the pipeline full:
+
+- the receive of every stream's next message is posted before the current one is
+  computed on (``Transport.prepost``), and sends are never waited inside the loop;
+- under GPipe the last stage's loss is taken on the whole batch, but the gradient of each
+  micro-batch leaves for the stage before as soon as autograd has produced it: a hook on
+  the micro-batch's received activations (``torch.autograd.graph.register_multi_grad_hook``)
+  sends it from inside the backward, in the schedule's order (``m - 1`` down to ``0``);
+- every other stage runs a micro-batch's backward as soon as its gradient arrives.
 """
 
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -23,14 +33,23 @@ from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.microbatch import Batch, flatten, unflatten
 from lightning_epipe.strategy.partition import PipelinePlan
-from lightning_epipe.strategy.schedule import Task, rank_tasks, rank_tasks_1f1b, recomputes
+from lightning_epipe.strategy.schedule import rank_tasks, rank_tasks_1f1b, recomputes
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.timing import ComputeTimer
 from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.wire import Command, Flag, Header, Kind, WireError, checksum
+from lightning_epipe.strategy.wire import Command, Flag, Header, Kind, StepFlag, WireError
 
 __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage"]
 
 _KIND_NAMES = {Kind.ACTIVATION: "activation", Kind.GRADIENT: "gradient", Kind.INPUT: "input"}
+
+
+def _finite(t: Tensor) -> bool:
+    """Whether ``t`` holds no NaN/Inf: one read for the sum (non-finite whenever ``t`` is), an
+    exact look only when the sum is not finite (a finite tensor whose sum overflows)."""
+    if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+        return True
+    return bool(torch.isfinite(t).all())
 
 
 def _detach(y: Any) -> Any:
@@ -98,6 +117,7 @@ class PipelineRuntime:
         self.transport = transport
         self.codecs = codecs
         self.stats = stats
+        self.timer = ComputeTimer(stats, transport.device)
         self.nonfinite = nonfinite  # "raise" | "skip" | "allow"
         self.nonfinite_seen = False  # this step sent NaN/Inf (nonfinite="skip")
         self.checkpoint = checkpoint  # "always" | "except_last" | "never"
@@ -107,8 +127,10 @@ class PipelineRuntime:
         self.sample_ids: Optional[list[Tensor]] = None  # [b] dataset indices per micro-batch (delta compression)
         self.num_samples = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
-        self._input_segments: Optional[list[list[int]]] = None  # chain + 1F1B: rank 0's inputs, in link order
-        self._inputs: Optional[list[Batch]] = None
+        self._one_f_one_b = False  # the current step runs as 1F1B (backward order ascending)
+        self._hooked: dict[int, list[Optional[Tensor]]] = {}  # GPipe: last-stage input gradients autograd produced
+        self._hook_handles: list[Any] = []
+        self._next_hooked = -1  # GPipe: the next micro-batch whose last-stage gradients go upstream
 
     def _stage_module(self, s: int, layers: nn.Sequential, pairs: dict[int, BottleneckPair]) -> nn.Sequential:
         """Stage ``s``'s layers, after the decoder of the cut before it and before the encoder of the cut after it."""
@@ -148,6 +170,8 @@ class PipelineRuntime:
         if h.arg not in Command._value2member_map_:
             raise WireError(f"{self.transport.link(0, False)}: unknown command {h.arg}")
         command = Command(h.arg)
+        sample_ids = command == Command.FORWARD and h.flags & StepFlag.SAMPLE_IDS
+        self.transport.prepost(0, Kind.SAMPLES if sample_ids else Kind.CONTROL)  # what the client sends next
         expected = self.step + 1 if command == Command.FORWARD else self.step
         if h.step != expected:
             raise WireError(
@@ -162,7 +186,7 @@ class PipelineRuntime:
         """Client only: tell every server which dataset samples this step's batch holds (ids [B] int64)."""
         payload = ids.to(device=self.transport.device, dtype=torch.int64).contiguous().view(torch.uint8)
         for peer in range(1, self.plan.num_ranks):
-            header = Header(Kind.SAMPLES, self.step, 0, self.num_microbatches, 0, 1, 0, payload.numel(), checksum(payload), arg=num_samples)
+            header = Header(Kind.SAMPLES, self.step, 0, self.num_microbatches, 0, 1, 0, payload.numel(), 0, arg=num_samples)
             self.transport.send(peer, header, payload)
 
     def recv_sample_ids(self) -> tuple[Tensor, int]:
@@ -170,6 +194,7 @@ class PipelineRuntime:
         got = self.transport.recv(0, f"sample ids of step {self.step}", kind=Kind.SAMPLES, step=self.step)
         if got.payload is None or got.payload.numel() % 8:
             raise WireError(f"{self.transport.link(0, False)}: sample ids of step {self.step}: payload is not int64")
+        self.transport.prepost(0, Kind.CONTROL)
         return got.payload.view(torch.int64).clone(), got.header.arg
 
     def begin_step(self, num_microbatches: int, sample_ids: Optional[list[Tensor]] = None, num_samples: int = 0) -> None:
@@ -196,12 +221,27 @@ class PipelineRuntime:
             On the rank of the last stage, its ``m`` outputs; elsewhere ``None``.
         """
         grad = torch.is_grad_enabled()
+        self._one_f_one_b = False
+        self._prepost_first(Kind.ACTIVATION, 0)
         self._send_inputs(microbatches)
         outputs: dict[int, Any] = {}
         for task in rank_tasks(self.stage_ids, self.num_microbatches, "forward"):
             self._forward_task(task.stage, task.microbatch, microbatches, grad, outputs)
+        if grad:
+            self._next_hooked = self.num_microbatches - 1
+        self.timer.settle()
         self.transport.flush()
         return self._outputs(outputs)
+
+    def _prepost_first(self, kind: Kind, microbatch: int) -> None:
+        """Post the first receive of every stream this rank reads ``kind`` messages from."""
+        for s in self.stage_ids:
+            if kind == Kind.ACTIVATION and s > 0:
+                self.transport.prepost(self.plan.stage_ranks[s - 1], kind, microbatch)
+            elif kind == Kind.ACTIVATION and self.rank != 0:  # the first stage, away from the client
+                self.transport.prepost(0, Kind.INPUT, microbatch)
+            elif kind == Kind.GRADIENT and s < self.last_stage:
+                self.transport.prepost(self.plan.stage_ranks[s + 1], kind, microbatch)
 
     def run_1f1b(self, microbatches: Optional[list[Batch]] = None,
                  loss_of: Optional[Callable[[int, Any], Tensor]] = None) -> Optional[list[Any]]:
@@ -212,8 +252,10 @@ class PipelineRuntime:
         as usual. Returns the last stage's ``m`` outputs, detached, there; elsewhere ``None``.
         """
         order = rank_tasks_1f1b(self.plan.stage_ranks, self.num_microbatches)
-        self._inputs, self._input_segments = microbatches, self._input_order(order)
-        self._send_next_inputs()
+        self._one_f_one_b = True
+        self._prepost_first(Kind.ACTIVATION, 0)
+        self._prepost_first(Kind.GRADIENT, 0)
+        self._send_inputs(microbatches)
         outputs: dict[int, Any] = {}
         for task in order[self.rank]:
             s, i = task.stage, task.microbatch
@@ -224,31 +266,9 @@ class PipelineRuntime:
                 outputs[i] = _detach(outputs[i])  # its graph is spent; keep only the values
             else:
                 self._backward_task(s, i)
-        self._send_next_inputs()
-        self._inputs, self._input_segments = None, None
+        self.timer.settle()
         self.transport.flush()
         return self._outputs(outputs)
-
-    def _input_order(self, order: dict[int, list[Task]]) -> Optional[list[list[int]]]:
-        """Chain placement under 1F1B: the micro-batches whose raw inputs rank 0 sends before each
-        gradient it sends to the input rank, so that link carries them in the order they are read
-        (with two processes rank 0 runs the last stage and feeds both the inputs and the gradients
-        of the first). ``None`` where rank 0 sends no inputs."""
-        if self.rank != 0 or self.plan.input_rank == 0:
-            return None
-        segments: list[list[int]] = [[]]
-        for t in order[self.plan.input_rank]:
-            if t.phase == "forward" and t.stage == 0:
-                segments[-1].append(t.microbatch)
-            elif t.phase == "backward" and t.stage < self.last_stage and self.plan.stage_ranks[t.stage + 1] == 0:
-                segments.append([])
-        return segments
-
-    def _send_next_inputs(self) -> None:
-        """Send the next segment of raw inputs (see :meth:`_input_order`), eagerly."""
-        if self._input_segments:
-            for i in self._input_segments.pop(0):
-                self._send_input(self._inputs[i], i)
 
     def _send_inputs(self, microbatches: Optional[list[Batch]]) -> None:
         """Chain placement: the client sends every micro-batch's raw inputs to the first stage."""
@@ -270,16 +290,18 @@ class PipelineRuntime:
             tensors, bare = self._recv(Kind.ACTIVATION, self.plan.stage_ranks[s - 1], s - 1, i, grad)
             leaves = [t for t in tensors if t.requires_grad]
             x = unflatten(tensors, bare)
-        start = time.perf_counter()
-        if grad and recomputes(self.checkpoint, i, self.num_microbatches):
-            y = torch.utils.checkpoint.checkpoint(self.stages[s], x, use_reentrant=False)
-        else:
-            y = self.stages[s](x)
-        self.stats.add_compute(s, time.perf_counter() - start)
+        with self.timer.measure(s):
+            if grad and recomputes(self.checkpoint, i, self.num_microbatches):
+                y = torch.utils.checkpoint.checkpoint(self.stages[s], x, use_reentrant=False)
+            else:
+                y = self.stages[s](x)
         if s == self.last_stage:
             outputs[i] = y
             if grad:
                 self._saved[(s, i)] = _Saved(leaves)
+                if leaves and s > 0 and not self._one_f_one_b:
+                    self._hook_handles.append(torch.autograd.graph.register_multi_grad_hook(
+                        leaves, lambda grads, i=i: self._on_last_stage_grads(i, grads), mode="all"))
             return
         ys, bare = flatten(y)
         self._send(Kind.ACTIVATION, self.plan.stage_ranks[s + 1], s, i, ys, bare)
@@ -292,9 +314,31 @@ class PipelineRuntime:
         """Run this rank's backward tasks; the client calls it after ``loss.backward()``."""
         if not self._saved:
             return
+        self._prepost_first(Kind.GRADIENT, self.num_microbatches - 1)
         for task in rank_tasks(self.stage_ids, self.num_microbatches, "backward"):
             self._backward_task(task.stage, task.microbatch)
+        self._remove_hooks()
+        self.timer.settle()
         self.transport.flush()
+
+    def _on_last_stage_grads(self, i: int, grads: Any) -> None:
+        """Autograd hook (GPipe): micro-batch ``i``'s gradients w.r.t. the last stage's received
+        activations exist; send every micro-batch whose turn has come, in the schedule's order."""
+        self._hooked[i] = list(grads)
+        while self._next_hooked in self._hooked:
+            mb = self._next_hooked
+            saved = self._saved.pop((self.last_stage, mb), None)
+            if saved is not None:
+                self._send_grads(self.plan.stage_ranks[self.last_stage - 1], self.last_stage - 1, mb, saved.leaves,
+                                 self._hooked[mb])
+            del self._hooked[mb]
+            self._next_hooked -= 1
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        self._hooked.clear()
 
     def _backward_task(self, s: int, i: int, loss: Optional[Tensor] = None) -> None:
         """Backpropagate stage ``s`` for micro-batch ``i`` (the last stage from ``loss``, if given,
@@ -309,17 +353,18 @@ class PipelineRuntime:
         elif loss is not None:
             pairs = [(loss, None)]
         if pairs:
-            start = time.perf_counter()
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            self.stats.add_compute(s, time.perf_counter() - start)
+            with self.timer.measure(s):
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         if s != 0:
-            self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves)
-            if self._input_segments is not None and self.plan.stage_ranks[s - 1] == self.plan.input_rank:
-                self._send_next_inputs()  # what the input rank reads next after this gradient
+            grads = self._hooked.pop(i, None) if s == self.last_stage else None
+            self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves, grads)
+            if s == self.last_stage:
+                self._next_hooked = i - 1
 
     def discard(self) -> None:
         """Drop the autograd state of a step that will not be backpropagated."""
         self._saved.clear()
+        self._remove_hooks()
 
     # ------------------------------------------------------------------ messages
 
@@ -336,11 +381,12 @@ class PipelineRuntime:
         codec = self.codecs.raw if kind == Kind.INPUT else self._bound(self.codecs.get(direction, cut, mb, j, t), mb)
         if kind != Kind.INPUT and j == 0 and t.is_floating_point() and self.codecs.is_auto(direction, cut):
             self.samples[(direction, cut)] = t  # what compressor="auto" profiles the codecs on
-        if self.nonfinite != "allow" and kind != Kind.INPUT and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if kind != Kind.INPUT and t.is_floating_point() and not _finite(t):  # the streams' codecs do not check
             codec = self._on_nonfinite(kind, cut, mb, t)
             flags |= Flag.NONFINITE
-        buf = codec.encode(t).to_bytes()
-        header = Header(kind, self.step, mb, self.num_microbatches, j, n, flags, buf.numel(), checksum(buf))
+        with torch.autocast(t.device.type, enabled=False):  # codecs compute in the tensor's own dtype
+            buf = codec.encode(t).to_bytes()
+        header = Header(kind, self.step, mb, self.num_microbatches, j, n, flags, buf.numel(), 0)
         nbytes = self.transport.send(peer, header, buf)
         raw = t.numel() * t.element_size() if kind == Kind.INPUT else self._raw_bytes(cut, j, t)
         self.stats.link(LinkKey("send", peer, _KIND_NAMES[kind])).add(nbytes, raw)
@@ -379,8 +425,9 @@ class PipelineRuntime:
                 count, bare = h.count, bool(h.flags & Flag.BARE)
             elif h.count != count:
                 raise WireError(f"{self.transport.link(peer, False)}: {what}: message count changed from {count} to {h.count}")
+            self._prepost_next(peer, kind, mb, j, count, 1)
             t = self._decode(got.payload, "activation", cut, mb, j, peer, what)
-            self.stats.link(LinkKey("recv", peer, _KIND_NAMES[kind])).add(got.nbytes, self._raw_bytes(cut, j, t), got.transfer_seconds)
+            self.stats.link(LinkKey("recv", peer, _KIND_NAMES[kind])).add(got.nbytes, self._raw_bytes(cut, j, t))
             if grad and h.flags & Flag.REQUIRES_GRAD:
                 t = t.detach().requires_grad_()
             tensors.append(t)
@@ -393,19 +440,31 @@ class PipelineRuntime:
             raise WireError(f"{link}: {what}: message {j} has no payload")
         try:
             packet = Packet.from_bytes(payload)
-            return self._bound(self.codecs.decoder(direction, cut, mb, j, packet.codec), mb).decode(packet)
+            with torch.autocast(payload.device.type, enabled=False):
+                return self._bound(self.codecs.decoder(direction, cut, mb, j, packet.codec), mb).decode(packet)
         except PacketError as err:
             raise WireError(f"{link}: {what}: message {j}: {err}") from err
 
-    def _send_grads(self, peer: int, cut: int, mb: int, leaves: list[Tensor]) -> None:
+    def _prepost_next(self, peer: int, kind: Kind, mb: int, j: int, count: int, step: int) -> None:
+        """Post the receive of the message after ``(mb, j)`` on its stream: the next tensor of the
+        micro-batch, else the first of micro-batch ``mb + step`` if the step has one."""
+        if j + 1 < count:
+            self.transport.prepost(peer, kind, mb, j + 1)
+        elif 0 <= mb + step < self.num_microbatches:
+            self.transport.prepost(peer, kind, mb + step)
+
+    def _send_grads(self, peer: int, cut: int, mb: int, leaves: list[Tensor],
+                    grads: Optional[list[Optional[Tensor]]] = None) -> None:
+        """Send the gradients of ``leaves`` (``grads`` where a hook caught them, else their ``.grad``)."""
         n = len(leaves)
         for j, leaf in enumerate(leaves):
-            if leaf.grad is None:
+            grad = leaf.grad if grads is None else grads[j]
+            if grad is None:
                 header = Header(Kind.GRADIENT, self.step, mb, self.num_microbatches, j, n, Flag.NO_GRAD, 0, 0)
                 nbytes = self.transport.send(peer, header)
                 self.stats.link(LinkKey("send", peer, "gradient")).add(nbytes, 0)
             else:
-                self._send_one(Kind.GRADIENT, peer, cut, mb, j, n, leaf.grad, Flag.NONE)
+                self._send_one(Kind.GRADIENT, peer, cut, mb, j, n, grad, Flag.NONE)
             leaf.grad = None
 
     def _recv_grads(self, peer: int, cut: int, mb: int, expected: int) -> list[Optional[Tensor]]:
@@ -413,12 +472,13 @@ class PipelineRuntime:
         grads: list[Optional[Tensor]] = []
         for j in range(expected):
             got = self.transport.recv(peer, what, kind=Kind.GRADIENT, step=self.step, microbatch=mb, index=j, count=expected)
+            self._prepost_next(peer, Kind.GRADIENT, mb, j, expected, 1 if self._one_f_one_b else -1)
             if got.header.flags & Flag.NO_GRAD:
                 grads.append(None)
                 self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, 0)
                 continue
             g = self._decode(got.payload, "gradient", cut, mb, j, peer, what)
-            self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, self._raw_bytes(cut, j, g), got.transfer_seconds)
+            self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, self._raw_bytes(cut, j, g))
             grads.append(g)
         return grads
 
@@ -434,7 +494,7 @@ class PipelineRuntime:
             layout, tensors = {"type": type(mb).__name__}, list(mb)
         meta = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
         n = len(tensors) + 1
-        header = Header(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.NONE, meta.numel(), checksum(meta))
+        header = Header(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.NONE, meta.numel(), 0)
         nbytes = self.transport.send(peer, header, meta)
         self.stats.link(LinkKey("send", peer, "input")).add(nbytes, 0)
         for j, t in enumerate(tensors, start=1):
@@ -443,6 +503,7 @@ class PipelineRuntime:
     def _recv_input(self, i: int) -> Batch:
         what = f"input of step {self.step}, micro-batch {i}"
         got = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=0)
+        self._prepost_next(0, Kind.INPUT, i, 0, got.header.count, 1)
         self.stats.link(LinkKey("recv", 0, "input")).add(got.nbytes, 0)
         try:
             layout = json.loads(bytes(got.payload.cpu().numpy()).decode())
@@ -451,8 +512,9 @@ class PipelineRuntime:
         tensors = []
         for j in range(1, got.header.count):
             msg = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=j)
+            self._prepost_next(0, Kind.INPUT, i, j, got.header.count, 1)
             t = self._decode(msg.payload, "activation", 0, i, j, 0, what)
-            self.stats.link(LinkKey("recv", 0, "input")).add(msg.nbytes, t.numel() * t.element_size(), msg.transfer_seconds)
+            self.stats.link(LinkKey("recv", 0, "input")).add(msg.nbytes, t.numel() * t.element_size())
             tensors.append(t)
         kind = layout.get("type")
         if kind == "tensor":

@@ -4,9 +4,11 @@ The transport and the runtime update a :class:`PipelineStats`; the monitor callb
 it. No Trainer, no process group: the arithmetic is testable alone.
 
 Definitions (the report's): *compression ratio* = wire bytes / bytes of the uncompressed
-tensors, headers included; *average bandwidth* = bytes / wall time of the measured window;
-*peak bandwidth* = the largest bytes/seconds of one transfer, timed at the receiver from
-the arrival of a message's header to the arrival of its payload.
+tensors, headers included; *average bandwidth* = bytes / computation time (the busiest
+rank's compute seconds; :mod:`lightning_epipe.callbacks.meter` gives bytes / wall time
+beside it as the wall-clock rate); *peak bandwidth* = the largest bytes/seconds of one
+transfer, timed at the sender from posting a frame to its completion (receivers post
+ahead, so that is the transfer; a completion seen late only lowers the rate).
 """
 
 from __future__ import annotations
@@ -41,6 +43,12 @@ class LinkCounter:
         self.messages += 1
         self.bytes += nbytes
         self.raw_bytes += raw_nbytes
+        if seconds > 0:
+            self.transfer_seconds += seconds
+            self.peak_bytes_per_second = max(self.peak_bytes_per_second, nbytes / seconds)
+
+    def add_transfer(self, nbytes: int, seconds: float) -> None:
+        """Time one transfer of ``nbytes`` already counted by :meth:`add`."""
         if seconds > 0:
             self.transfer_seconds += seconds
             self.peak_bytes_per_second = max(self.peak_bytes_per_second, nbytes / seconds)

@@ -1,10 +1,25 @@
-"""Point-to-point messages between pipeline ranks on ``torch.distributed`` (gloo or NCCL).
+"""Frames between ranks: one message per tensor, receives posted ahead, every wait bounded.
 
-Every message is a fixed-length int64 :class:`~.wire.Header`, then, if the header says so,
-one uint8 payload. Sends are asynchronous (``isend``) and kept alive until :meth:`flush`;
-every receive waits at most ``timeout`` and turns a dead or stalled peer into a
-:class:`PeerError` that names the peer and what was awaited. Links are FIFO: both ends post
-their messages in the order the schedule dictates, so no tags are needed.
+A *frame* is one uint8 buffer: the 96-byte :class:`~lightning_epipe.strategy.wire.Header`
+followed by the payload. Messages travel on *streams* (``streams.py``: one process group
+per direction of a link and kind of message), each a FIFO whose order both ends know.
+
+Frame sizes: both ends remember, per stream, the frame size of each message *key* (kind,
+micro-batch, tensor index), starting at a bare header. A frame of the remembered size
+goes as one message, so in steady state (same shapes and codecs as the step before) a
+tensor is one message and its receive can be posted before it is sent (:meth:`prepost`).
+A frame of another size (the first step, a smaller last batch, a codec that changed) is
+announced by a notice of the remembered size with the ``RESIZE`` flag and the new size,
+then sent on the same stream; the receiver posts the next frame of a stream only after
+it has read the one before, so a notice is never mistaken for a frame.
+
+Checksums: CRC32 of the payload, computed where the payload is in host memory (gloo);
+on accelerator links the header says 0 and NCCL's own integrity checks stand.
+
+Host staging (``host_staged=True``: gloo between GPUs, e.g. a TCP link between sites): frames
+live in pinned host memory; a payload is copied off the GPU into its frame before the send
+and back onto it after the receive (asynchronously, from pinned memory). Every wait
+is bounded by ``timeout``; a dead or stalled peer is a :class:`PeerError` that names it.
 """
 
 from __future__ import annotations
@@ -12,16 +27,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_epipe.strategy.stats import PipelineStats
-from lightning_epipe.strategy.wire import HEADER_LEN, Header, Kind, WireError, checksum
+from lightning_epipe.strategy.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.streams import CONTROL, stream_name
+from lightning_epipe.strategy.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
 
-__all__ = ["PeerError", "Transport", "Received"]
+__all__ = ["PeerError", "Transport", "Received", "DIST_BACKEND"]
+
+Key = tuple[int, int, int]  # (kind, micro-batch, tensor index)
 
 
 class PeerError(RuntimeError):
@@ -32,16 +50,55 @@ class PeerError(RuntimeError):
 class Received:
     header: Header
     payload: Optional[Tensor]
-    transfer_seconds: float  # header arrival -> payload arrival
-    nbytes: int  # header + payload bytes
+    nbytes: int  # bytes of the frame
+
+
+@dataclass
+class _Sent:
+    work: Any
+    frame: Tensor  # kept alive until the send completes
+    peer: int
+    what: str
+    posted_at: float
+    link: Optional[LinkKey]  # where the transfer's time goes (None: control messages)
+    timed: bool = False
+
+
+@dataclass
+class _Backend:
+    """Point-to-point primitives: ``torch.distributed`` or the in-memory ``memory_backend``."""
+
+    isend: Callable[[Tensor, int, Any], Any]
+    irecv: Callable[[Tensor, int, Any], Any]
+
+
+DIST_BACKEND = _Backend(
+    isend=lambda t, dst, group: dist.isend(t, dst=dst, group=group),
+    irecv=lambda t, src, group: dist.irecv(t, src=src, group=group),
+)
+
+
+@dataclass
+class _Posted:
+    key: Key
+    frame: Tensor
+    work: Any
+
+
+def _key(kind: int, microbatch: int, index: int) -> Key:
+    # a control message's micro-batch field carries an argument: control keys ignore it
+    return (int(kind), int(microbatch) if stream_name(kind) != CONTROL else 0, int(index))
 
 
 class Transport:
-    """Send and receive headers and payloads to and from peers.
+    """Send and receive frames to and from peers of one pipeline.
 
     Ranks are counted from ``offset``: a pipeline replica whose ranks are global ranks
     ``offset .. offset + size - 1`` talks in its own ranks ``0 .. size - 1``; messages and
-    errors name global ranks.
+    errors name global ranks. ``groups`` maps ``(stream name, src, dst)`` (pipeline ranks)
+    to the process group of that stream; ``control_group`` carries commands, sample ids and
+    checkpoint state, in host memory on ``control_device``. A stream without a group uses
+    the default group.
     """
 
     def __init__(
@@ -52,69 +109,152 @@ class Transport:
         verify_checksum: bool = True,
         stats: Optional[PipelineStats] = None,
         offset: int = 0,
+        groups: Optional[Mapping[tuple[str, int, int], Any]] = None,
+        control_group: Any = None,
+        control_device: Optional[torch.device] = None,
+        backend: _Backend = DIST_BACKEND,
+        host_staged: bool = False,
     ) -> None:
         self.rank = rank
         self.offset = offset
         self.device = device
+        self.control_device = control_device or device
         self.timeout = timeout
         self.verify_checksum = verify_checksum
         self.stats = stats if stats is not None else PipelineStats()  # receives the blocked time
-        self._pending: list[tuple[dist.Work, tuple[Tensor, ...], int, str]] = []
+        self.groups = dict(groups or {})
+        self.control_group = control_group
+        self.backend = backend
+        self.host_staged = host_staged and device.type != "cpu"
+        self.wire_device = torch.device("cpu") if self.host_staged else device
+        self._frame_sizes: dict[tuple[str, int, int, Key], int] = {}  # (stream, src, dst, key) -> bytes
+        self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
+        self._pending: list[_Sent] = []
 
     def link(self, peer: int, outgoing: bool) -> str:
         me, other = self.offset + self.rank, self.offset + peer
         return f"link rank {me} -> rank {other}" if outgoing else f"link rank {other} -> rank {me}"
 
+    def _route(self, kind: int, src: int, dst: int) -> tuple[str, Any, torch.device]:
+        name = stream_name(kind)
+        if name == CONTROL:
+            return name, self.control_group, self.control_device
+        return name, self.groups.get((name, src, dst)), self.wire_device
+
+    # ------------------------------------------------------------------ sending
+
     def send(self, peer: int, header: Header, payload: Optional[Tensor] = None) -> int:
-        """Post ``header`` (and ``payload``) to ``peer``; returns the bytes put on the wire."""
-        if payload is not None:
-            if payload.dtype != torch.uint8 or payload.dim() != 1:
-                raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} {tuple(payload.shape)}")
-            payload = payload.to(self.device).contiguous()
-        header_t = header.to_tensor(self.device)
+        """Post ``header`` and ``payload`` (1-D uint8) to ``peer`` as one frame; returns the frame's bytes
+        (a size notice, when one goes first, is protocol overhead like gloo's own and not counted)."""
+        name, group, device = self._route(header.kind, self.rank, peer)
+        size = 0 if payload is None else payload.numel()
+        if payload is not None and (payload.dtype != torch.uint8 or payload.dim() != 1):
+            raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} {tuple(payload.shape)}")
+        frame = self._frame(HEADER_NBYTES + size, device)
+        if size:
+            frame[HEADER_NBYTES:].copy_(payload, non_blocking=True)
+            if payload.device != frame.device and payload.device.type == "cuda":
+                torch.cuda.current_stream(payload.device).synchronize()  # gloo reads the host copy at once
+        crc = checksum(frame[HEADER_NBYTES:]) if self.verify_checksum and size else 0
+        header = Header(header.kind, header.step, header.microbatch, header.num_microbatches, header.index,
+                        header.count, header.flags, size, crc, header.arg)
+        header.write(frame)
         what = f"{Kind(header.kind).name.lower()} of step {header.step}, micro-batch {header.microbatch}"
-        self._post(dist.isend(header_t, dst=self.offset + peer), (header_t,), peer, what)
-        nbytes = HEADER_LEN * 8
-        if payload is not None and payload.numel():
-            self._post(dist.isend(payload, dst=self.offset + peer), (payload,), peer, what)
-            nbytes += payload.numel()
+        slot = (name, self.rank, peer, _key(header.kind, header.microbatch, header.index))
+        expected = self._frame_sizes.get(slot, HEADER_NBYTES)
+        nbytes = frame.numel()
+        if expected != frame.numel():  # announce the new size in a frame of the size the peer expects
+            notice = torch.zeros(expected, dtype=torch.uint8, device=device)
+            Header(header.kind, header.step, header.microbatch, header.num_microbatches, header.index, header.count,
+                   header.flags | Flag.RESIZE, size, 0, header.arg).write(notice)
+            self._post(notice, peer, group, what)
+            self._frame_sizes[slot] = frame.numel()
+        self._poll_sends()
+        self._post(frame, peer, group, what, None if name == CONTROL else LinkKey("send", peer, name))
         return nbytes
 
-    def _post(self, work: dist.Work, keep: tuple[Tensor, ...], peer: int, what: str) -> None:
-        self._pending.append((work, keep, peer, what))
+    def _frame(self, nbytes: int, device: torch.device) -> Tensor:
+        """A frame buffer: pinned host memory when it stages a GPU's tensors."""
+        return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=self.host_staged and device.type == "cpu")
 
-    def recv(self, peer: int, what: str, idle: bool = False, **expect: int) -> Received:
-        """Receive the next message from ``peer``; its header must match ``expect``.
+    def _post(self, frame: Tensor, peer: int, group: Any, what: str, link: Optional[LinkKey] = None) -> None:
+        work = self.backend.isend(frame, self.offset + peer, group)
+        self._pending.append(_Sent(work, frame, peer, what, time.perf_counter(), link))
 
-        ``idle``: waiting for it is time between steps, not pipeline wait (not counted)."""
-        link = self.link(peer, outgoing=False)
-        header_t = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
-        self._wait(dist.irecv(header_t, src=self.offset + peer), peer, what, blocking=not idle)
-        arrived = time.perf_counter()
-        header = Header.from_tensor(header_t.cpu(), link)
-        header.expect(link, **expect)
-        payload = None
-        if header.payload_nbytes:
-            payload = torch.empty(header.payload_nbytes, dtype=torch.uint8, device=self.device)
-            self._wait(dist.irecv(payload, src=self.offset + peer), peer, what, blocking=True)
-            if self.verify_checksum and header.crc and checksum(payload) != header.crc:
-                raise WireError(f"{link}: {what}: payload checksum mismatch ({header.payload_nbytes} bytes corrupted in transit)")
-        seconds = time.perf_counter() - arrived
-        return Received(header, payload, seconds, HEADER_LEN * 8 + header.payload_nbytes)
+    def _poll_sends(self) -> None:
+        """Time the sends that completed since the last look (their rate is a lower bound)."""
+        for sent in self._pending:
+            if not sent.timed and sent.work.is_completed():
+                self._time(sent)
+
+    def _time(self, sent: _Sent) -> None:
+        sent.timed = True
+        if sent.link is not None:
+            self.stats.link(sent.link).add_transfer(sent.frame.numel(), time.perf_counter() - sent.posted_at)
 
     def flush(self) -> None:
         """Wait until every posted send has left (bounded by the timeout)."""
         pending, self._pending = self._pending, []
-        for work, _keep, peer, what in pending:
-            self._wait(work, peer, f"send of {what}", blocking=False)
+        for sent in pending:
+            self._wait(sent.work, sent.peer, f"send of {sent.what}", blocking=False)
+            if not sent.timed:
+                self._time(sent)
 
-    def _wait(self, work: dist.Work, peer: int, what: str, blocking: bool) -> None:
+    # ------------------------------------------------------------------ receiving
+
+    def prepost(self, peer: int, kind: int, microbatch: int = 0, index: int = 0) -> None:
+        """Post the receive of the next message from ``peer`` on ``kind``'s stream now, so it
+        lands while this rank computes (no-op if that stream already has one posted)."""
+        name, group, device = self._route(kind, peer, self.rank)
+        if (name, peer) not in self._posted:
+            self._posted[(name, peer)] = self._post_recv(name, group, device, peer, _key(kind, microbatch, index))
+
+    def _post_recv(self, name: str, group: Any, device: torch.device, peer: int, key: Key) -> _Posted:
+        size = self._frame_sizes.get((name, peer, self.rank, key), HEADER_NBYTES)
+        frame = self._frame(size, device)
+        return _Posted(key, frame, self.backend.irecv(frame, self.offset + peer, group))
+
+    def recv(self, peer: int, what: str, idle: bool = False, **expect: int) -> Received:
+        """Receive the next message from ``peer`` on the stream of ``expect["kind"]``; its header
+        must match ``expect``. ``idle``: waiting for it is time between steps, not pipeline wait."""
+        kind = expect["kind"]
+        link = self.link(peer, outgoing=False)
+        name, group, device = self._route(kind, peer, self.rank)
+        key = _key(kind, expect.get("microbatch", 0), expect.get("index", 0))
+        posted = self._posted.pop((name, peer), None)
+        if posted is None:
+            posted = self._post_recv(name, group, device, peer, key)
+        elif posted.key != key:
+            raise WireError(f"{link}: {what}: the {name} stream was posted for message {posted.key}, not {key}")
+        self._wait(posted.work, peer, what, blocking=not idle)
+        header = Header.read(posted.frame, link)
+        header.expect(link, **expect)
+        frame = posted.frame
+        if header.flags & Flag.RESIZE:
+            self._frame_sizes[(name, peer, self.rank, key)] = HEADER_NBYTES + header.payload_nbytes
+            resized = self._post_recv(name, group, device, peer, key)
+            self._wait(resized.work, peer, what, blocking=not idle)
+            frame = resized.frame
+            header = Header.read(frame, link)
+            header.expect(link, **expect)
+        if HEADER_NBYTES + header.payload_nbytes != frame.numel():
+            raise WireError(f"{link}: {what}: the header announces {header.payload_nbytes} payload bytes in a frame of {frame.numel()}")
+        payload = frame[HEADER_NBYTES:] if header.payload_nbytes else None
+        if payload is not None and self.verify_checksum and header.crc and checksum(payload) != header.crc:
+            raise WireError(f"{link}: {what}: payload checksum mismatch ({header.payload_nbytes} bytes corrupted in transit)")
+        if payload is not None and name != CONTROL and payload.device != self.device:
+            payload = payload.to(self.device, non_blocking=True)  # host-staged: onto the GPU, from pinned memory
+        return Received(header, payload, frame.numel())
+
+    def _wait(self, work: Any, peer: int, what: str, blocking: bool) -> None:
+        """Wait for ``work`` (bounded by the timeout); ``blocking`` time counts as pipeline wait."""
         start = time.perf_counter()
         peer, me = self.offset + peer, self.offset + self.rank  # errors name global ranks
         try:
             work.wait(self.timeout)
         except RuntimeError as err:
             self._pending.clear()
+            self._posted.clear()
             text = str(err)
             if "closed by peer" in text or "Connection reset" in text or "Broken pipe" in text:
                 cause = f"rank {peer} closed the connection (it died or exited)"
@@ -123,6 +263,5 @@ class Transport:
             else:
                 cause = f"the link to rank {peer} failed"
             raise PeerError(f"rank {me}: {cause} while waiting for {what}. ({text.splitlines()[0][:200]})") from err
-        finally:
-            if blocking:
-                self.stats.wait_seconds += time.perf_counter() - start
+        if blocking:
+            self.stats.wait_seconds += time.perf_counter() - start

@@ -40,6 +40,7 @@ from lightning_epipe.strategy.autotune import (
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.metrics_sync import broadcast_json
 from lightning_epipe.strategy.partition import PipelinePlan
+from lightning_epipe.strategy.timing import synchronize
 
 __all__ = ["AutoTuner", "probe_bandwidth"]
 
@@ -59,6 +60,7 @@ def probe_bandwidth(src: int, dst: int, nbytes: int, rank: int, device: torch.de
             start = time.perf_counter()
             dist.send(payload, dst)
             dist.recv(ack, dst)
+            synchronize(device)  # NCCL returns once the operations are queued
             best = min(best, time.perf_counter() - start)
         return max(1, nbytes) / max(best, 1e-9)
     dist.recv(size, src)

@@ -1,7 +1,8 @@
-"""The transport header: a fixed-length int64 vector sent before every payload.
+"""The transport header: a fixed-length int64 vector at the front of every frame.
 
-A message on a link is this header, then (for data messages) one contiguous uint8
-payload holding a compressor :class:`~lightning_epipe.compressors.Packet`. The receiver
+A message on a link is one *frame*: this header (``HEADER_NBYTES`` bytes) followed, for
+data messages, by one contiguous uint8 payload holding a compressor
+:class:`~lightning_epipe.compressors.Packet`, in one buffer (see ``transport``). The receiver
 validates every field against what its schedule expects before it reads the payload, so a
 corrupted or out-of-order message is a :class:`WireError` naming the link, never garbage.
 Nothing on the wire is ever unpickled.
@@ -10,17 +11,20 @@ Nothing on the wire is ever unpickled.
 from __future__ import annotations
 
 import enum
+import struct
 import zlib
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["Kind", "Flag", "Command", "Header", "WireError", "HEADER_LEN", "MAX_PAYLOAD", "checksum"]
+__all__ = ["Kind", "Flag", "StepFlag", "Command", "Header", "WireError", "HEADER_LEN", "HEADER_NBYTES", "MAX_PAYLOAD", "checksum"]
 
 MAGIC = 0x45504950  # "EPIP"
 VERSION = 1
 HEADER_LEN = 12
+HEADER_NBYTES = 8 * HEADER_LEN  # 96: a frame's header, a multiple of 8 so payloads stay aligned
+_HEADER = struct.Struct(f"={HEADER_LEN}q")  # native int64s, as the tensor view of a frame reads them
 MAX_PAYLOAD = 1 << 40
 
 
@@ -43,17 +47,26 @@ class Flag(enum.IntFlag):
     BARE = 2  # the stage output was a bare Tensor, not a tuple
     NO_GRAD = 4  # a gradient message for a leaf that got no gradient: zeros, no payload
     NONFINITE = 8  # the sender found NaN/Inf here; no payload
+    RESIZE = 16  # a notice: this message's frame has another size than the last one of its key; the frame follows
+
+
+class StepFlag(enum.IntFlag):
+    """What a ``FORWARD`` command says about the step (in its header's ``flags``)."""
+
+    NONE = 0
+    GRAD_ENABLED = 1
+    SAMPLE_IDS = 2  # the client's sample ids of this batch follow (delta compression)
+    ONE_F_ONE_B = 4  # run the whole step (forwards and backwards) as 1F1B
 
 
 class Command(enum.IntEnum):
-    """What the client asks of every server; see ``runtime.ServerLoop``."""
+    """What the client asks of every server (``EPipeStrategy._serve`` follows them)."""
 
-    FORWARD = 1
+    FORWARD = 1  # num_microbatches and the step's flags follow in the header
     BACKWARD = 2
     OPTIMIZER_STEP = 3
     FINISH_STEP = 4
     SKIP_STEP = 5
-    SHUTDOWN = 6
 
 
 @dataclass(frozen=True)
@@ -70,25 +83,34 @@ class Header:
     arg: int = 0
 
     def to_tensor(self, device: torch.device | str = "cpu") -> Tensor:
-        values = [
-            MAGIC,
-            VERSION,
-            self.kind,
-            self.step,
-            self.microbatch,
-            self.num_microbatches,
-            self.index,
-            self.count,
-            self.flags,
-            self.payload_nbytes,
-            self.crc,
-            self.arg,
-        ]
-        return torch.tensor(values, dtype=torch.int64, device=device)
+        return torch.tensor(self.values(), dtype=torch.int64, device=device)
+
+    def values(self) -> list[int]:
+        return [MAGIC, VERSION, self.kind, self.step, self.microbatch, self.num_microbatches, self.index, self.count,
+                self.flags, self.payload_nbytes, self.crc, self.arg]
+
+    def write(self, frame: Tensor) -> None:
+        """Write this header into the first ``HEADER_NBYTES`` bytes of a uint8 ``frame`` (any device)."""
+        if frame.device.type == "cpu":
+            _HEADER.pack_into(frame.numpy(), 0, *self.values())
+        else:
+            frame[:HEADER_NBYTES].view(torch.int64).copy_(self.to_tensor(), non_blocking=True)
+
+    @classmethod
+    def read(cls, frame: Tensor, link: str) -> "Header":
+        """Parse the header at the front of a uint8 ``frame`` (a host sync where the frame is on an accelerator)."""
+        if frame.numel() < HEADER_NBYTES:
+            raise WireError(f"{link}: a frame of {frame.numel()} bytes is shorter than the {HEADER_NBYTES}-byte header")
+        if frame.device.type == "cpu":
+            return cls.from_values(list(_HEADER.unpack_from(frame.numpy(), 0)), link)
+        return cls.from_tensor(frame[:HEADER_NBYTES].view(torch.int64), link)
 
     @classmethod
     def from_tensor(cls, t: Tensor, link: str) -> "Header":
-        v = t.tolist()
+        return cls.from_values(t.tolist(), link)
+
+    @classmethod
+    def from_values(cls, v: list[int], link: str) -> "Header":
         if len(v) != HEADER_LEN or v[0] != MAGIC:
             raise WireError(f"{link}: not an epipe header (magic {v[0]:#x} != {MAGIC:#x}); the stream is corrupted")
         if v[1] != VERSION:

@@ -116,20 +116,28 @@ class InjectFault(L.Callback):
 
             owned = trainer.strategy.plan.layers_of(self.rank)
             pl_module.layers[owned[0]].register_forward_hook(hook)
-        if self.kind in ("corrupt", "misorder"):
+        if self.kind == "corrupt":  # flip a payload byte after the checksum was taken, as a bad link would
+            from lightning_epipe.strategy import transport
+
+            original_post = transport.Transport._post
+
+            def post(tr, frame, *args, **kwargs):
+                if trainer.global_step == self.step and frame.numel() > 160:
+                    frame = frame.clone()
+                    frame[-1] ^= 0xFF
+                return original_post(tr, frame, *args, **kwargs)
+
+            transport.Transport._post = post
+        if self.kind == "misorder":
             from lightning_epipe.strategy import transport
 
             original = transport.Transport.send
 
             def send(tr, peer, header, payload=None):
                 if trainer.global_step == self.step and payload is not None and payload.numel() > 64:
-                    if self.kind == "corrupt":
-                        payload = payload.clone()
-                        payload[-1] ^= 0xFF
-                    else:
-                        import dataclasses
+                    import dataclasses
 
-                        header = dataclasses.replace(header, microbatch=header.microbatch + 1)
+                    header = dataclasses.replace(header, microbatch=header.microbatch + 1)
                 return original(tr, peer, header, payload)
 
             transport.Transport.send = send
@@ -180,6 +188,8 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=1, help="pipelines trained data-parallel")
     p.add_argument("--schedule", default="gpipe")
     p.add_argument("--delta-cache-limit", type=int, default=None)
+    p.add_argument("--accelerator", default="cpu")
+    p.add_argument("--backend", default=None, help="process_group_backend, e.g. gloo between GPUs")
     args = p.parse_args()
 
     strategy = EPipeStrategy(
@@ -188,6 +198,7 @@ def main() -> None:
         checkpoint=args.checkpoint, compressor_kwargs=json.loads(args.compressor_kwargs),
         error_feedback=args.error_feedback, replicas=args.replicas, delta_compression=args.delta, delta_cache_limit=args.delta_cache_limit,
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
+        process_group_backend=args.backend,
     )
     model = TinyNet(optimizer=args.optimizer, manual=args.manual)
     if args.balance == "time":
@@ -210,6 +221,7 @@ def main() -> None:
         kwargs.update(limit_val_batches=None, num_sanity_val_steps=2)
     if args.ckpt_dir:
         kwargs["enable_checkpointing"] = True
+    kwargs["accelerator"] = args.accelerator
     trainer = L.Trainer(devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, precision=args.precision, **kwargs)
     trainer.fit(model, loader(args.batch_size), loader(args.batch_size) if args.val else None, ckpt_path=args.resume)
     callback_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}

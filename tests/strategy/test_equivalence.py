@@ -26,7 +26,9 @@ CASES = {
     "recompute-except-last": (["--devices", "3", "--checkpoint", "except_last"], dict(steps=3, batch_size=16)),
     "balance-by-time": (["--devices", "3", "--balance", "time"], dict(steps=3, batch_size=16)),
     "1f1b-client-server-3": (["--devices", "3", "--schedule", "1f1b", "--chunks", "6"], dict(steps=4, batch_size=16)),
-    # two processes: rank 0 feeds the first stage both its inputs and its gradients, one link
+    # two processes, chunks > 2: rank 0 runs the first and the last stage and talks to rank 1 both ways
+    "1f1b-client-server-2": (["--devices", "2", "--schedule", "1f1b", "--chunks", "5"], dict(steps=3, batch_size=16)),
+    # two processes: rank 0 feeds the first stage both its inputs and its gradients
     "1f1b-chain-2": (["--devices", "2", "--placement", "chain", "--schedule", "1f1b", "--chunks", "4"], dict(steps=3, batch_size=16)),
     "1f1b-chain-accumulate": (["--devices", "3", "--placement", "chain", "--schedule", "1f1b", "--accumulate", "2"], dict(steps=3, batch_size=16, accumulate=2)),
     "small-last-batch": (["--devices", "2", "--placement", "chain", "--chunks", "8", "--batch-size", "23"], dict(steps=5, batch_size=23)),

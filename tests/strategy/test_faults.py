@@ -3,7 +3,7 @@ message naming the rank and the step; nothing hangs, nothing is decoded into gar
 
 from __future__ import annotations
 
-import time
+import re
 
 import pytest
 import torch
@@ -14,58 +14,59 @@ SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 TIMEOUT = 8  # EPipeStrategy(timeout=...) in seconds
 
 
-def _run_fault(kind: str, *extra: str, rank: int = 2, step: int = 2, tmp_path=None):
-    start = time.perf_counter()
-    code, out = run_ranks(
-        SCRIPT, "--out", tmp_path / "r.pt", "--steps", "5", "--timeout", TIMEOUT,
+def _run_fault(kind: str, *extra: str, rank: int = 2, step: int = 2, tmp_path=None, script=SCRIPT):
+    return run_ranks(
+        script, "--out", tmp_path / "r.pt", "--steps", "5", "--timeout", TIMEOUT,
         "--fault", kind, "--fault-rank", rank, "--fault-step", step, *extra,
         timeout=150, expect_ok=False,
     )
-    return code, out, time.perf_counter() - start
 
 
 def test_killed_server_fails_the_client_fast(tmp_path):
-    code, out, seconds = _run_fault("kill", tmp_path=tmp_path)
+    code, out = _run_fault("kill", tmp_path=tmp_path, script=ROOT / "tests" / "strategy" / "killed_peer.py")
     assert code != 0
     assert "PeerError" in out and "rank 2" in out, out[-3000:]
+    killed = float(re.search(r"killed at ([0-9.]+)", out).group(1))
+    detected = float(re.search(r"PeerError at ([0-9.]+)", out).group(1))
+    assert 0 < detected - killed < TIMEOUT / 4, (detected - killed, out[-3000:])  # the dead socket, not the timeout
 
 
 @pytest.mark.slow
 def test_stalled_server_times_out(tmp_path):
-    code, out, seconds = _run_fault("stall", tmp_path=tmp_path)
+    code, out = _run_fault("stall", tmp_path=tmp_path)
     assert code != 0
     assert "PeerError" in out and f"sent nothing for 0:00:0{TIMEOUT}" in out, out[-3000:]
 
 
 @pytest.mark.slow
 def test_server_raising_in_its_stage(tmp_path):
-    code, out, _ = _run_fault("raise", rank=1, tmp_path=tmp_path)
+    code, out = _run_fault("raise", rank=1, tmp_path=tmp_path)
     assert code != 0
     assert "injected failure on rank 1" in out
     assert "PeerError" in out  # the others learn of it
 
 
 def test_corrupted_payload_is_rejected_with_the_link(tmp_path):
-    code, out, _ = _run_fault("corrupt", rank=1, tmp_path=tmp_path)
+    code, out = _run_fault("corrupt", rank=1, tmp_path=tmp_path)
     assert code != 0
     assert "WireError" in out and "link rank 1 -> rank 2" in out and "checksum mismatch" in out, out[-3000:]
 
 
 @pytest.mark.slow
 def test_out_of_order_message_is_rejected(tmp_path):
-    code, out, _ = _run_fault("misorder", rank=1, tmp_path=tmp_path)
+    code, out = _run_fault("misorder", rank=1, tmp_path=tmp_path)
     assert code != 0
     assert "WireError" in out and "microbatch=1 (expected 0)" in out, out[-3000:]
 
 
 def test_nan_stops_the_run_naming_stage_and_step(tmp_path):
-    code, out, _ = _run_fault("nan", rank=1, tmp_path=tmp_path)
+    code, out = _run_fault("nan", rank=1, tmp_path=tmp_path)
     assert code != 0
     assert "NonFiniteActivation" in out and "leaving stage 1 (rank 1) at step 3" in out, out[-3000:]
 
 
 def test_nan_skip_skips_the_step_on_every_rank(tmp_path):
-    code, out, _ = _run_fault("nan", "--nonfinite", "skip", rank=1, tmp_path=tmp_path)
+    code, out = _run_fault("nan", "--nonfinite", "skip", rank=1, tmp_path=tmp_path)
     assert code == 0, out[-3000:]
     result = torch.load(tmp_path / "r.pt", weights_only=False)
     losses = torch.tensor(result["losses"])

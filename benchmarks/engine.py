@@ -1,0 +1,213 @@
+"""The engine against ``torch.distributed.pipelining`` on the same model, split and micro-batches.
+
+    python benchmarks/engine.py                  # the grid below, 3 repetitions
+    python benchmarks/engine.py --repeats 1 --widths 512 --chunks 8
+    python benchmarks/engine.py --slow-link      # a shaped link: codecs against the bound
+
+The model: 8 blocks of ``Linear(w, w) + ReLU`` (MSE on a random target), batch 256, one torch
+thread per process, chain placement (rank i runs stage i; EPipe puts the last stage on rank
+0, the same topology). Split ``[5, 3]`` for K = 2 (after block 5), ``[3, 3, 2]`` for K = 3.
+Every cell runs EPipe, then torch's ``ScheduleGPipe`` (``Schedule1F1B`` for 1F1B) right after
+it, and the repetitions go round the whole grid, so each ratio compares runs made side by
+side. Reported: the median samples/s of each over the repetitions, the median of the
+per-repetition ratios and their spread (min-max), and the efficiency: samples/s over K
+times one process's (the whole model in one Lightning process), next to the ideal
+``m / (m + K - 1)`` scaled by the split's balance (8 / (K x the largest stage)).
+
+``--slow-link``: ``none``, ``sortquant`` 8 bits and ``lloydmax`` 4 bits; client-server, 2
+processes, width 1024, chunks 8, both ranks in a network
+namespace whose loopback is shaped by ``tc tbf`` (20 and 100 Mbit/s, burst 1 Mbit); the
+bound of a codec is ``min(its unlimited samples/s, link bytes/s / its wire bytes per sample)``
+(the loopback carries both directions, so the bytes per sample are both directions').
+The machine's load average is printed with each table. Writes
+``benchmarks/results/engine{,_slow_link}.{json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import axes, finish, fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
+from lightning_epipe.strategy.schedule import ideal_efficiency  # noqa: E402
+
+SPLITS = {2: [5, 3], 3: [3, 3, 2]}
+BATCH = 256
+SLOW_CODECS = {"none": {"compressor": "none"}, "sortquant-8": {"compressor": "sortquant", "bits": 8},
+               "lloydmax-4": {"compressor": "lloydmax", "bits": 4}}
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
+def cells(widths: list[int], chunks: list[int], stages: list[int], one_f_one_b: list[int],
+          no_checksum: list[int], widths3: list[int]) -> list[dict]:
+    """The grid: GPipe everywhere (K = 3 at ``widths3`` only), 1F1B at the chunk counts in
+    ``one_f_one_b``, and GPipe without checksums at the widths in ``no_checksum`` (K = 2, the
+    most chunks)."""
+    out = []
+    for k in stages:
+        for w in (widths if k == 2 else widths3):
+            for m in chunks:
+                out.append(dict(stages=k, width=w, chunks=m, schedule="gpipe", checksum=True))
+                if m in one_f_one_b:
+                    out.append(dict(stages=k, width=w, chunks=m, schedule="1f1b", checksum=True))
+                if k == 2 and m == max(chunks) and w in no_checksum:
+                    out.append(dict(stages=k, width=w, chunks=m, schedule="gpipe", checksum=False))
+    return out
+
+
+def base(cell: dict, steps: int) -> dict:
+    return dict(model="mlp", layers={"width": cell["width"]}, devices=cell["stages"], batch=BATCH, chunks=cell["chunks"],
+                steps=steps, warmup=2, balance=SPLITS[cell["stages"]], timeout=600)
+
+
+def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
+    rows = [dict(cell, epipe=[], torch=[], errors=[]) for cell in grid]
+    singles: dict[int, list[float]] = {}
+    for rep in range(repeats):
+        for width in sorted({c["width"] for c in grid}):
+            single = run({**base(dict(stages=2, width=width, chunks=1), steps), "kind": "single", "devices": 1})
+            if single.get("samples_per_s"):
+                singles.setdefault(width, []).append(single["samples_per_s"])
+        for row in rows:
+            cfg = base(row, steps)
+            mine = run({**cfg, "kind": "epipe", "strategy": {"schedule": row["schedule"], "verify_checksum": row["checksum"]}})
+            peer = run({**cfg, "kind": "pipelining", "schedule": row["schedule"]})
+            for name, result in (("epipe", mine), ("torch", peer)):
+                if result.get("samples_per_s"):
+                    row[name].append(result["samples_per_s"])
+                else:
+                    row["errors"].append(f"{name}: {result.get('error')}")
+            print(f"  rep {rep + 1} K={row['stages']} w={row['width']} m={row['chunks']} {row['schedule']}:"
+                  f" epipe {mine.get('samples_per_s') or mine.get('error')}, torch {peer.get('samples_per_s') or peer.get('error')}",
+                  flush=True)
+    for row in rows:
+        row["single"] = singles.get(row["width"], [])
+    return rows
+
+
+def summary(row: dict) -> dict:
+    ratios = [a / b for a, b in zip(row["epipe"], row["torch"])]
+    single = statistics.median(row["single"]) if row["single"] else None
+    k, m = row["stages"], row["chunks"]
+    balance = 8 / (k * max(SPLITS[k]))
+
+    def eff(values: list[float]) -> Optional[float]:
+        return statistics.median(values) / (k * single) if values and single else None
+
+    return dict(
+        epipe=statistics.median(row["epipe"]) if row["epipe"] else None,
+        torch=statistics.median(row["torch"]) if row["torch"] else None,
+        ratio=statistics.median(ratios) if ratios else None,
+        spread=(min(ratios), max(ratios)) if ratios else None,
+        eff_epipe=eff(row["epipe"]), eff_torch=eff(row["torch"]), ideal=ideal_efficiency(m, k) * balance,
+    )
+
+
+def table(rows: list[dict]) -> str:
+    body = []
+    for row in rows:
+        s = summary(row)
+        spread = "-" if s["spread"] is None else f"{s['spread'][0]:.2f}-{s['spread'][1]:.2f}"
+        schedule = row["schedule"] + ("" if row["checksum"] else ", no CRC")
+        body.append([row["stages"], row["width"], row["chunks"], schedule, fmt(s["epipe"], ".0f"),
+                     fmt(s["torch"], ".0f"), fmt(s["ratio"], ".2f", "x"), spread, fmt(s["eff_epipe"], ".2f"),
+                     fmt(s["eff_torch"], ".2f"), fmt(s["ideal"], ".2f"), "; ".join(row["errors"])[:80]])
+    return markdown_table(["K", "width", "chunks", "schedule", "EPipe samples/s", "torch samples/s", "ratio (median)",
+                           "ratio spread", "efficiency EPipe", "efficiency torch", "ideal x balance", "errors"], body)
+
+
+def plot(rows: list[dict]) -> Path:
+    fig, ax = axes()
+    for (k, schedule) in sorted({(r["stages"], r["schedule"]) for r in rows}):
+        for m in sorted({r["chunks"] for r in rows}):
+            sel = [r for r in rows if r["stages"] == k and r["schedule"] == schedule and r["chunks"] == m and r["checksum"]]
+            points = [(r["width"], summary(r)["ratio"]) for r in sel if summary(r)["ratio"]]
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"K={k} {schedule} m={m}")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    return finish(fig, ax, "engine.png", "width", "EPipe samples/s / torch.distributed.pipelining",
+                  "EPipe (compressor='none') vs torch pipelining, same model and split")
+
+
+def slow_link(rates: list[float], repeats: int, steps: int) -> list[dict]:
+    cfg = dict(model="mlp", layers={"width": 1024}, devices=2, batch=BATCH, chunks=8, steps=steps, warmup=2,
+               placement="client-server", timeout=900, kind="epipe")
+    rows = []
+    for rate in [None, *rates]:
+        name = f"epipe-engine-{os.getpid()}-{rate or 'inf'}"
+        with slow_loopback(name, rate) as ns:
+            for label, codec in SLOW_CODECS.items():
+                results = [run({**cfg, "codec": codec}, netns=ns) for _ in range(repeats)]
+                ok = [r for r in results if r.get("samples_per_s")]
+                row = dict(rate_mbit=rate, codec=label, samples_per_s=[r["samples_per_s"] for r in ok],
+                           bytes_per_sample=statistics.median([r["bytes"] / (r["steps"] * BATCH) for r in ok]) if ok else None,
+                           errors=[r.get("error") for r in results if not r.get("samples_per_s")])
+                print(f"  {rate or 'unlimited'} Mbit/s {label}: {row['samples_per_s'] or row['errors']}", flush=True)
+                rows.append(row)
+    return rows
+
+
+def slow_table(rows: list[dict]) -> str:
+    unlimited = {r["codec"]: statistics.median(r["samples_per_s"]) for r in rows if r["rate_mbit"] is None and r["samples_per_s"]}
+    body = []
+    for r in rows:
+        sps = statistics.median(r["samples_per_s"]) if r["samples_per_s"] else None
+        bound = None
+        if r["rate_mbit"] and r["bytes_per_sample"] and r["codec"] in unlimited:
+            bound = min(unlimited[r["codec"]], r["rate_mbit"] * 1e6 / 8 / r["bytes_per_sample"])
+        spread = f"{min(r['samples_per_s']):.0f}-{max(r['samples_per_s']):.0f}" if r["samples_per_s"] else "-"
+        body.append([fmt(r["rate_mbit"], "g") if r["rate_mbit"] else "unlimited", r["codec"], fmt(sps, ".0f"), spread,
+                     fmt(r["bytes_per_sample"], ".0f"), fmt(bound, ".0f"), fmt(sps / bound if sps and bound else None, ".2f"),
+                     "; ".join(map(str, r["errors"]))[:60]])
+    return markdown_table(["link (Mbit/s)", "codec", "samples/s (median)", "spread", "wire bytes/sample", "bound",
+                           "of bound", "errors"], body)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--widths", nargs="+", type=int, default=[128, 512, 1024, 2048])
+    parser.add_argument("--chunks", nargs="+", type=int, default=[1, 4, 8])
+    parser.add_argument("--stages", nargs="+", type=int, default=[2, 3])
+    parser.add_argument("--widths3", nargs="+", type=int, default=[1024], help="widths run with K = 3")
+    parser.add_argument("--one-f-one-b", nargs="*", type=int, default=[8], help="chunk counts also run as 1F1B")
+    parser.add_argument("--no-checksum", nargs="*", type=int, default=[128, 1024],
+                        help="widths also run with verify_checksum=False (K=2, the most chunks)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--slow-link", action="store_true", help="the shaped-link table instead of the grid")
+    parser.add_argument("--rates", nargs="+", type=float, default=[20, 100])
+    parser.add_argument("--out", default=None, help="file name under benchmarks/results")
+    args = parser.parse_args()
+    print(load(), flush=True)
+    if args.slow_link:
+        reason = netns_available()
+        if reason:
+            print(f"SKIPPED: {reason}")
+            return
+        rows = slow_link(args.rates, args.repeats, args.steps)
+        text = slow_table(rows)
+        write_json(args.out or "engine_slow_link.json", {"load_after": load(), "rows": rows, "table": text})
+    else:
+        grid = cells(args.widths, args.chunks, args.stages, args.one_f_one_b, args.no_checksum, args.widths3)
+        rows = measure(grid, args.repeats, args.steps)
+        text = table(rows)
+        write_json(args.out or "engine.json", {"load_after": load(), "rows": rows, "summary": [summary(r) for r in rows],
+                                               "table": text})
+        print("plot:", plot(rows))
+    print(text)
+    print(load())
+
+
+if __name__ == "__main__":
+    main()

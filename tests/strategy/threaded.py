@@ -1,0 +1,143 @@
+"""The pipeline's ranks as threads of one process on the in-memory fabric (not collected).
+
+``run_threaded`` drives every rank's ``PipelineRuntime`` the way ``EPipeStrategy`` does (the
+client commands, runs its stages and the loss; servers follow the commands) for a few SGD
+steps, and returns each rank's weights: the same code paths as real processes, without
+process start-up, under NCCL's or gloo's completion rule.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from datetime import timedelta
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from lightning_epipe.strategy.balance import balance_by_parameters
+from lightning_epipe.strategy.codecs import CodecBook, resolve_specs
+from lightning_epipe.strategy.memory_backend import MemoryFabric
+from lightning_epipe.strategy.microbatch import batch_size, scatter
+from lightning_epipe.strategy.partition import plan_pipeline
+from lightning_epipe.strategy.replicas import ReplicaLayout
+from lightning_epipe.strategy.runtime import PipelineRuntime
+from lightning_epipe.strategy.stats import PipelineStats
+from lightning_epipe.strategy.streams import pipeline_streams
+from lightning_epipe.strategy.transport import Transport
+from lightning_epipe.strategy.wire import Command, StepFlag
+
+LR = 0.1
+
+
+def make_layers() -> nn.Sequential:
+    torch.manual_seed(1234)
+    return nn.Sequential(
+        nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+        nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 16), nn.Linear(16, 4),
+    )
+
+
+def make_batches(steps: int, rows: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(rows, 16, generator=g), torch.randint(0, 4, (rows,), generator=g)) for _ in range(steps)]
+
+
+def reference(batches) -> nn.Sequential:
+    """The same SGD steps in one process, without a pipeline."""
+    layers = make_layers()
+    for x, y in batches:
+        layers.zero_grad()
+        F.cross_entropy(layers(x), y).backward()
+        with torch.no_grad():
+            for p in layers.parameters():
+                p -= LR * p.grad
+    return layers
+
+
+def _sgd(module: nn.Module) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.grad is not None:
+                p -= LR * p.grad
+                p.grad = None
+
+
+def _client(runtime: PipelineRuntime, stages: nn.Module, batches, chunks: int, schedule: str) -> None:
+    for x, y in batches:
+        microbatches, targets = scatter(x, chunks), scatter(y, chunks)
+        runtime.begin_step(len(microbatches))
+        flags = StepFlag.GRAD_ENABLED | (StepFlag.ONE_F_ONE_B if schedule == "1f1b" else 0)
+        runtime.command(Command.FORWARD, len(microbatches), flags=flags)
+        if schedule == "1f1b":  # the whole step runs inside training_step
+            def loss_of(i, out):
+                return F.cross_entropy(out, targets[i]) * (batch_size(targets[i]) / batch_size(y))
+            runtime.run_1f1b(microbatches, loss_of)
+            runtime.command(Command.FINISH_STEP)
+        else:  # training_step returns the loss (FINISH_STEP), then Lightning calls strategy.backward
+            loss = F.cross_entropy(torch.cat(runtime.forward(microbatches)), y)
+            runtime.command(Command.FINISH_STEP)
+            loss.backward()
+            runtime.backward()
+        _sgd(stages)
+
+
+def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int) -> None:
+    for _ in range(steps):
+        msg = runtime.next_command()
+        assert msg.command == Command.FORWARD, msg
+        runtime.begin_step(msg.num_microbatches)
+        if msg.flags & StepFlag.ONE_F_ONE_B:
+            runtime.run_1f1b()
+        else:
+            runtime.forward()
+        msg = runtime.next_command()
+        assert msg.command == Command.FINISH_STEP, msg
+        runtime.backward()
+        _sgd(stages)
+
+
+def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas: int = 1, rule: str = "nccl",
+                 shared_streams: bool = False, steps: int = 2, rows: int = 16, timeout: float = 20.0):
+    """Train ``steps`` SGD steps on ``replicas`` pipelines of ``size`` ranks (each replica on the
+    same batches); returns ``(weights, fabric)``: every stage's trained Sequential per global rank."""
+    layout = ReplicaLayout(size * replicas, replicas)
+    fabric = MemoryFabric(layout.world_size, rule, shared_streams)
+    batches = make_batches(steps, rows)
+    base = make_layers()  # seeded here: threads sharing the global generator would race
+    plan = plan_pipeline(len(base), size, balance_by_parameters(base, size, placement), placement)
+    trained: dict[int, nn.Sequential] = {}
+    errors: dict[int, BaseException] = {}
+
+    def rank_main(rank: int) -> None:
+        try:
+            prank, offset = layout.pipeline_rank(rank), layout.offset(rank)
+            layers = copy.deepcopy(base)
+            groups = {(s.name, s.src, s.dst): f"{offset}:{s}" for s in pipeline_streams(placement, size)}
+            transport = Transport(prank, torch.device("cpu"), timedelta(seconds=timeout), offset=offset, groups=groups,
+                                  control_group="control", backend=fabric.backend(rank))
+            codecs = CodecBook(resolve_specs("none", {}, plan.num_cuts, "a"), resolve_specs("none", {}, plan.num_cuts, "g"))
+            runtime = PipelineRuntime(plan, prank, layers, transport, codecs, PipelineStats())
+            stages = nn.ModuleList(runtime.stages.values())
+            if prank == 0:
+                _client(runtime, stages, batches, chunks, schedule)
+            else:
+                _server(runtime, stages, steps)
+            transport.flush()
+            trained[rank] = layers
+        except BaseException as err:  # noqa: BLE001 - reported by the caller
+            errors[rank] = err
+            with fabric.cond:
+                fabric.failed = fabric.failed or f"rank {rank} failed: {err}"
+                fabric.cond.notify_all()
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(layout.world_size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout * 3)
+    if errors:
+        first = min(errors)
+        raise RuntimeError(f"rank {first}: {errors[first]}") from errors[first]
+    return trained, fabric, plan, batches
