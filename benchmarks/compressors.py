@@ -2,6 +2,15 @@
 
     python benchmarks/compressors.py            # quick: ReLU6 activation [8, 32, 112, 112]
     python benchmarks/compressors.py --full     # the report's [32, 32, 112, 112]
+    python benchmarks/compressors.py --overhead --baseline REV   # per-call cost by size
+
+``--overhead``: encode + decode microseconds per call (CPU time of the one torch thread,
+so other load on the machine does not count) on ReLU activations [n / 256, 256]
+from 1 KiB to 64 MiB, for every codec of ``OVERHEAD_CODECS``; with ``--baseline REV``
+the codecs of git revision REV (its ``lightning_epipe/compressors``, loaded under another
+name) are timed in the same rounds, call for call, and the table shows before, after
+and after / before. Writes ``benchmarks/results/compressors_overhead.json`` with the load
+average at start and end.
 
 Tensors: a ReLU6 activation (MobileNetV2-like, conv output ~ N(0, 2) through ReLU6: about
 half zeros and a few at 6), a GELU activation [8, 128, 768] (RoBERTa-like), and a
@@ -14,6 +23,17 @@ Times are the best of ``--repeats`` rounds over all codecs, with ``--threads`` t
 from __future__ import annotations
 
 import argparse
+import atexit
+import importlib.util
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,6 +59,23 @@ CODECS = [
     ("topk", {"fraction": 0.1, "bits": 8}),
     ("powersgd", {"rank": 4}),
 ]
+
+
+OVERHEAD_CODECS = [
+    ("none", {}),
+    ("fp16", {}),
+    ("quantize", {"bits": 8}),
+    ("quantize", {"bits": 4}),
+    ("sortquant", {"bits": 8}),
+    ("sortquant", {"bits": 8, "boundaries": "exact"}),
+    ("lloydmax", {"bits": 4}),
+    ("topk", {"fraction": 0.1}),
+    ("topk", {"fraction": 0.1, "bits": 8}),
+    ("powersgd", {"rank": 4}),
+]
+#: Tensor sizes of the overhead table, in bytes of float32.
+OVERHEAD_SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24,
+                  1 << 26]
 
 
 def tensors(full: bool) -> dict[str, torch.Tensor]:
@@ -135,8 +172,98 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def load_baseline(rev: str):
+    """``get_compressor`` of ``lightning_epipe/compressors`` at git revision ``rev``, loaded
+    as the package ``baseline_compressors`` (its imports are relative, so it is whole)."""
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "archive", rev, "lightning_epipe/compressors"], cwd=root,
+                             check=True, capture_output=True).stdout
+    target = Path(tempfile.mkdtemp(prefix="baseline-"))
+    atexit.register(shutil.rmtree, target, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(target, filter="data")
+    package = target / "lightning_epipe" / "compressors"
+    spec = importlib.util.spec_from_file_location("baseline_compressors", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["baseline_compressors"] = module
+    spec.loader.exec_module(module)
+    return module.get_compressor
+
+
+def per_call_us(codec, x: torch.Tensor, calls: int) -> float:
+    """Mean encode + decode microseconds over ``calls`` calls, in CPU time of this thread:
+    with one torch thread that is the work of the call, whatever else shares the cores
+    (wall time on a loaded machine also counts the time other processes hold them)."""
+    start = time.thread_time()
+    for _ in range(calls):
+        codec.decode(codec.encode(x))
+    return 1e6 * (time.thread_time() - start) / calls
+
+
+def overhead(baseline_rev: str | None, rounds: int, budget_s: float) -> dict:
+    """Encode + decode us per call by codec and size; median of ``rounds`` rounds, each
+    round timing the baseline and the current codec back to back on the same tensor."""
+    makers = {"after": get_compressor}
+    if baseline_rev:
+        makers = {"before": load_baseline(baseline_rev), **makers}
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for nbytes in OVERHEAD_SIZES:
+        x = torch.relu(torch.randn(max(1, nbytes // 4 // 256), 256, generator=g))
+        for name, kwargs in OVERHEAD_CODECS:
+            codecs = {k: make(name, **kwargs) for k, make in makers.items()}
+            for c in codecs.values():  # warm up: caches, first-call allocations
+                c.decode(c.encode(x))
+            first = per_call_us(codecs["after"], x, 1)
+            calls = max(1, min(200, int(budget_s * 1e6 / max(first, 1.0))))
+            times = {k: [] for k in codecs}
+            for _ in range(rounds):
+                for k, c in codecs.items():
+                    times[k].append(per_call_us(c, x, calls))
+            row = {"bytes": nbytes, "codec": label(name, kwargs), "calls": calls,
+                   **{f"{k}_us": statistics.median(v) for k, v in times.items()}}
+            if "before_us" in row:
+                row["ratio"] = row["after_us"] / row["before_us"]
+            rows.append(row)
+            print(overhead_line(row), flush=True)
+    return {"baseline": baseline_rev, "threads": torch.get_num_threads(), "rows": rows}
+
+
+def overhead_line(row: dict) -> str:
+    size = row["bytes"]
+    size_label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+    before = f"{row['before_us']:.0f}" if "before_us" in row else "-"
+    ratio = f"{row['ratio']:.2f}" if "ratio" in row else "-"
+    return f"| {size_label} | {row['codec']} | {before} | {row['after_us']:.0f} | {ratio} |"
+
+
+def run_overhead(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)  # thread CPU time is the cost of a call only with one thread
+    load_start = os.getloadavg()
+    print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}")
+    print("| tensor | codec | before us/call | after us/call | after / before |")
+    print("|---|---|---:|---:|---:|")
+    result = overhead(args.baseline, args.rounds, args.budget)
+    load_end = os.getloadavg()
+    print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
+    result.update(load_start=load_start, load_end=load_end, tensor="relu(randn) [n/256, 256]")
+    out = Path(__file__).parent / "results" / "compressors_overhead.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--overhead", action="store_true",
+                        help="per-call encode + decode time by tensor size (1 KiB..64 MiB)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="with --overhead: time the codecs of this git revision too")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="with --overhead: rounds per codec and size (median taken)")
+    parser.add_argument("--budget", type=float, default=0.02,
+                        help="with --overhead: seconds of calls per round and codec")
     parser.add_argument("--full", action="store_true",
                         help="ReLU6 activation at [32, 32, 112, 112]")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per codec (best taken)")
@@ -146,6 +273,9 @@ def main() -> None:
                         default=Path(__file__).parent / "results" / "compressors.png")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.overhead:
+        run_overhead(args)
+        return
     results = {name: measure(x, args.repeats) for name, x in tensors(args.full).items()}
     print(table(results))
     plot(results, args.out)

@@ -9,7 +9,7 @@
     (0.252, torch.Size([64, 128]))
 
 Codecs: ``none``, ``fp16``, ``bf16``, ``quantize``, ``sortquant``, ``topk``, ``powersgd``,
-``lloydmax`` (``available_compressors()``); add one with ``register_compressor``.
+``lloydmax``, ``hadamard`` (``available_compressors()``); add one with ``register_compressor``.
 """
 
 import torch  # noqa: F401  (for the example above)
@@ -18,6 +18,7 @@ from .base import Compressor, NonFiniteError
 from .bottleneck import Bottleneck, BottleneckPair
 from .cast import Bf16, Fp16, NoCompression
 from .feedback import ErrorFeedback
+from .hadamard import HadamardQuant
 from .lloydmax import LloydMax
 from .packet import Packet, PacketError
 from .powersgd import PowerSGD
@@ -42,6 +43,7 @@ __all__ = [
     "TopK",
     "PowerSGD",
     "LloydMax",
+    "HadamardQuant",
     "ErrorFeedback",
     "Bottleneck",
     "BottleneckPair",

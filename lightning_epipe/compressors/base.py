@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import copy
 import inspect
+import math
 from typing import ClassVar
 
 import torch
@@ -122,17 +123,18 @@ class Compressor(abc.ABC):
     def _decode(self, packet: Packet) -> torch.Tensor:
         """A non-empty packet of this codec -> tensor of packet.shape and packet.dtype."""
 
-    def _check_finite(self, x: torch.Tensor, probe: torch.Tensor | None = None) -> None:
+    def _check_finite(self, x: torch.Tensor, probe: torch.Tensor | float | None = None) -> None:
         """Raise NonFiniteError if ``x`` holds NaN or Inf (unless ``check_finite=False``).
 
-        probe: a cheap 0-d tensor that is non-finite whenever x is (default: the sum of x,
-        one read of x; a finite x whose sum overflows only costs an exact count).
+        probe: a cheap 0-d tensor or host float that is non-finite whenever x is (default:
+        the sum of x, one read of x; a finite x whose sum overflows only costs an exact
+        count).
         """
         if not self.check_finite:
             return
         if probe is None:
             probe = x.sum(dtype=torch.float32)
-        if bool(torch.isfinite(probe)):
+        if math.isfinite(probe) if isinstance(probe, float) else bool(torch.isfinite(probe)):
             return
         nan = int(torch.isnan(x).sum())
         inf = int(torch.isinf(x).sum())

@@ -78,6 +78,8 @@ class SampleCache:
     def reserve(self, capacity: int, like: Tensor) -> None:
         """Room for ids ``0..capacity-1`` of rows shaped like ``like[0]`` (``like``: [b, ...])."""
         row_shape = tuple(like.shape[1:])
+        if self.rows is not None and self.rows.device != like.device:  # e.g. restored from a checkpoint on the host
+            self.rows, self.seen = self.rows.to(like.device), self.seen.to(like.device)
         if self.rows is not None and (tuple(self.rows.shape[1:]) != row_shape or self.rows.dtype != like.dtype):
             raise ValueError(
                 f"{self.name}: rows of shape {list(row_shape)} {like.dtype} after {list(self.rows.shape[1:])}"
@@ -163,7 +165,7 @@ class DeltaCompressor(Compressor):
         ids = self._ids
         if ids is None or x.dim() == 0:
             return self._payload(0, 0, 0, self.first.encode(x), None)
-        ids = self._check_ids(ids, x.shape[0])
+        ids = self._check_ids(ids, x.shape[0], x.device)
         self.cache.reserve(max(self._reserve, int(ids.max()) + 1), x)
         seen = self.cache.seen[ids]
         new_ids, old_ids = ids[~seen], ids[seen]
@@ -185,7 +187,7 @@ class DeltaCompressor(Compressor):
             return self.first.decode(first).to(packet.dtype)
         ids = self._ids
         self._expect(packet, ids is not None, "a delta packet needs the sample ids of its rows (bind(ids))")
-        ids = self._check_ids(ids, packet.shape[0])
+        ids = self._check_ids(ids, packet.shape[0], payload.device)
         like = torch.empty((1, *packet.shape[1:]), dtype=packet.dtype, device=payload.device)
         self.cache.reserve(max(self._reserve, int(ids.max()) + 1), like)
         seen = self.cache.seen[ids]
@@ -206,13 +208,14 @@ class DeltaCompressor(Compressor):
         if old_ids.numel():
             rows[old_ids] += self.inner.decode(delta).to(rows.dtype)
 
-    def _check_ids(self, ids: Tensor, rows: int) -> Tensor:
+    def _check_ids(self, ids: Tensor, rows: int, device: torch.device) -> Tensor:
+        """``ids`` checked, as int64 on ``device`` (the stage's, where the cache lives)."""
         if ids.dim() != 1 or ids.numel() != rows or ids.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"{self.name}: sample ids must be [b] integers for a tensor of {rows} rows, got "
                              f"{ids.dtype} {list(ids.shape)}")
         if ids.numel() and (int(ids.min()) < 0 or ids.unique().numel() != ids.numel()):
             raise ValueError(f"{self.name}: sample ids must be distinct and >= 0 within a micro-batch")
-        return ids.long().to(self.cache.rows.device if self.cache.rows is not None else ids.device)
+        return ids.long().to(device)
 
     def _payload(self, mode: int, n_new: int, n_seen: int, first: Packet, delta: Optional[Packet]) -> Tensor:
         first_bytes = first.to_bytes()

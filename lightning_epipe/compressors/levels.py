@@ -1,146 +1,209 @@
 """Piecewise-uniform levels: the wire format and kernels ``quantize`` and ``sortquant`` share.
 
 ``2**split`` buckets of ``2**Q`` codes each (``Q = bits - split``); code ``k * 2**Q + q``
-stands for ``lo[k] + q * step[k]``. Uniform min-max quantization is ``split = 0``.
+stands for ``lo[k] + q * step[k]`` (float64 arithmetic, then the tensor's dtype), except
+the codes of the exact table (``exact.py``), which stand for their exact values: the
+tensor's max, repeated values. Uniform min-max quantization is ``split = 0``.
 
 Payload (little-endian):
 
-    [bits u8][split u8][0 u8][0 u8] | lo: 2**split float32 | step: 2**split float32
-    | codes: N codes of ``bits`` bits, packed exactly (``bitpack``)
+    [bits u8][split u8][E u8][0 u8] | lo: 2**split float32 | step: 2**split float32
+    | exact table: E entries (``exact.py``) | codes: N codes of ``bits`` bits, packed
+    exactly (``bitpack``)
 
-Decoding is one table lookup per element (a table of ``2**bits`` values), no sort.
-Shape legend: N elements, K = 2**split buckets, G grid cells.
+Prefix and tables are built and parsed on the host (a few hundred bytes), so a call costs
+a handful of tensor ops whatever the size. Decoding is one table lookup per element (a
+table of ``2**bits`` values), no sort.
+Shape legend: N elements, K = 2**split buckets, E exact entries.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .base import Compressor
 from .bitpack import pack_into, packed_nbytes, unpack_range
 from .chunks import chunks
-from .packet import Packet, bytes_as
+from .exact import MAX_ENTRIES, exact_bytes, exact_nbytes, parse_exact
+from .packet import Packet
+from .sampling import strided_sample
 
-__all__ = ["Levels", "levels_nbytes", "new_payload", "write_codes", "read_levels", "lookup",
-           "affine_scale", "strided_sample"]
+__all__ = ["Levels", "levels_nbytes", "levels_head", "new_payload", "write_codes",
+           "read_levels", "lookup", "cast_levels", "host_bytes",
+           "f32", "work_dtype", "host_work",
+           "strided_sample"]
 
 _PREFIX = 4
-_GOLDEN = 0.6180339887498949
 
 
 @dataclass(frozen=True)
 class Levels:
-    """A parsed levels payload: ``codes`` still packed."""
+    """A parsed levels payload: tables on the host, ``codes`` still packed."""
 
     bits: int
     split: int
-    lo: torch.Tensor     # [K] float32
-    step: torch.Tensor   # [K] float32
-    codes: torch.Tensor  # [packed_nbytes(N, bits)] uint8
+    lo: np.ndarray           # [K] float32
+    step: np.ndarray         # [K] float32
+    exact_codes: np.ndarray  # [E] int64
+    exact_values: np.ndarray  # [E] float64
+    codes: torch.Tensor      # [packed_nbytes(N, bits)] uint8
 
 
-def levels_nbytes(numel: int, bits: int, split: int) -> int:
-    """Payload bytes for ``numel`` codes: prefix, two float32 per bucket, packed codes."""
-    return _PREFIX + 8 * (1 << split) + packed_nbytes(numel, bits)
+def levels_nbytes(numel: int, bits: int, split: int, entries: int = 0) -> int:
+    """Payload bytes: prefix, two float32 per bucket, ``entries`` exact entries, codes."""
+    return _PREFIX + 8 * (1 << split) + exact_nbytes(entries) + packed_nbytes(numel, bits)
 
 
-def new_payload(numel: int, bits: int, split: int, lo: torch.Tensor,
-                step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Allocate a payload with prefix and tables written: (payload, its codes segment).
+def f32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (as a Python float)."""
+    return float(np.float32(value))
 
-    lo, step: [K] on the target device; the codes segment is left for ``write_codes``.
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype codes are computed in: float64 for float64 tensors, float32 else."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def host_work(value: float | np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """``value`` in the numpy dtype that ``work_dtype(dtype)`` computes in."""
+    return np.asarray(value, dtype=np.float64 if dtype == torch.float64 else np.float32)
+
+
+def host_bytes(payload: torch.Tensor, nbytes: int) -> np.ndarray:
+    """The first ``nbytes`` of a uint8 payload on the host: a view on CPU, a copy else."""
+    if payload.device.type == "cpu":
+        return payload.numpy()[:nbytes]
+    return payload[:nbytes].cpu().numpy()
+
+
+def cast_levels(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """float64 levels rounded to ``dtype``: [n] numpy -> [n] CPU tensor (numpy rounds to
+    float32, torch to the 16-bit types; ``_rounded`` rounds one level the same way)."""
+    if dtype == torch.float64:
+        return torch.from_numpy(values)
+    if dtype == torch.float32:
+        return torch.from_numpy(values.astype(np.float32))
+    return torch.from_numpy(values).to(dtype)
+
+
+def levels_head(bits: int, split: int, lo: Sequence[float], step: Sequence[float],
+                exact: Sequence[tuple[int, float]], dtype: torch.dtype) -> bytes:
+    """Prefix, tables and exact table of a payload.
+
+    lo, step: K floats (rounded to float32 here); exact: (code, value) pairs in order of
+    priority: a code keeps its first value; codes whose computed level already rounds to
+    the value are left out, and at most ``MAX_ENTRIES`` are kept.
     """
-    k = 1 << split
-    payload = torch.empty(levels_nbytes(numel, bits, split), dtype=torch.uint8,
-                          device=lo.device)
-    payload[:_PREFIX] = torch.tensor([bits, split, 0, 0], dtype=torch.uint8)
-    payload[_PREFIX:_PREFIX + 4 * k] = lo.float().view(torch.uint8)
-    payload[_PREFIX + 4 * k:_PREFIX + 8 * k] = step.float().view(torch.uint8)
-    return payload, payload[_PREFIX + 8 * k:]
+    lo32 = np.asarray(lo, dtype=np.float32)
+    step32 = np.asarray(step, dtype=np.float32)
+    q_bits = bits - split
+    codes, values, seen = [], [], set()
+    for code, value in exact:
+        if code in seen or len(codes) == MAX_ENTRIES:
+            continue
+        seen.add(code)
+        k = code >> q_bits  # the level as lookup computes it, in float64, then rounded
+        level = float(lo32[k]) + (code & ((1 << q_bits) - 1)) * float(step32[k])
+        if _rounded(level, dtype) != value:
+            codes.append(int(code))
+            values.append(float(value))
+    return (bytes([bits, split, len(codes), 0]) + lo32.astype("<f4").tobytes()
+            + step32.astype("<f4").tobytes() + exact_bytes(codes, values))
+
+
+def _rounded(level: float, dtype: torch.dtype) -> float:
+    """One float64 level rounded to ``dtype`` exactly as ``cast_levels`` rounds it."""
+    if dtype == torch.float64:
+        return level
+    if dtype == torch.float32:
+        return float(np.float32(level))
+    return float(cast_levels(np.asarray([level]), dtype)[0])
+
+
+def new_payload(numel: int, bits: int, head: bytes,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Allocate a payload with ``head`` written: (payload, its codes segment)."""
+    payload = torch.empty(len(head) + packed_nbytes(numel, bits), dtype=torch.uint8,
+                          device=device)
+    payload[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+    return payload, payload[len(head):]
 
 
 def write_codes(flat: torch.Tensor, bits: int, code_of: Callable[[torch.Tensor], torch.Tensor],
-                out: torch.Tensor) -> None:
+                out: torch.Tensor, clamp: bool = True) -> None:
     """Pack ``clamp(round(code_of(chunk)), 0, 2**bits - 1)`` for every chunk of ``flat``.
 
-    flat: [N] float; code_of: [n] float32 -> fresh [n] float32 (unrounded codes);
-    out: [packed_nbytes(N, bits)] uint8.
+    flat: [N] float; code_of: [n] float32 (float64 for a float64 flat, see ``work_dtype``)
+    -> fresh [n] of that dtype (unrounded codes);
+    out: [packed_nbytes(N, bits)] uint8. ``clamp=False`` when code_of cannot leave the
+    range once rounded (saves a pass over the chunk).
     """
     count, top = flat.numel(), (1 << bits) - 1
-    code_dtype = torch.uint8 if bits <= 8 else torch.int32
+    work = work_dtype(flat.dtype)
     for start, stop in chunks(count, flat.device):
-        codes = code_of(flat[start:stop].float()).round_().clamp_(0, top)
+        codes = code_of(flat[start:stop].to(work)).round_()
+        if clamp:
+            codes.clamp_(0, top)
+        # float -> int32 -> uint8 is several times faster on CPU than float -> uint8.
+        codes = codes.to(torch.int32)
         if bits == 8:
-            out[start:stop] = codes  # one byte per code: convert while copying
+            out[start:stop] = codes  # one byte per code: narrow while copying
         else:
-            pack_into(codes.to(code_dtype), bits, out, start, count)
+            pack_into(codes, bits, out, start, count)
 
 
 def read_levels(codec: Compressor, packet: Packet) -> Levels:
     """Parse and check a levels payload against the packet's shape."""
     payload, numel = packet.payload, packet.shape.numel()
     codec._expect(packet, payload.numel() >= _PREFIX, f"shorter than the {_PREFIX}-byte prefix")
-    bits, split, pad0, pad1 = payload[:_PREFIX].tolist()
-    codec._expect(packet, 2 <= bits <= 16 and 0 <= split < bits and pad0 == pad1 == 0,
-                  f"prefix says bits={bits} split={split} (pad {pad0}, {pad1}); expected "
+    bits, split, entries, pad = host_bytes(payload, _PREFIX).tolist()
+    codec._expect(packet, 2 <= bits <= 16 and 0 <= split < bits and pad == 0,
+                  f"prefix says bits={bits} split={split} (pad {pad}); expected "
                   "bits in 2..16, split in 0..bits-1, zero padding")
-    expected = levels_nbytes(numel, bits, split)
+    expected = levels_nbytes(numel, bits, split, entries)
     codec._expect(packet, payload.numel() == expected,
-                  f"{numel} codes of {bits} bits with split {split} take {expected} payload "
-                  "bytes")
+                  f"{numel} codes of {bits} bits with split {split} and {entries} exact "
+                  f"values take {expected} payload bytes")
     k = 1 << split
-    lo = bytes_as(payload[_PREFIX:_PREFIX + 4 * k], torch.float32)
-    step = bytes_as(payload[_PREFIX + 4 * k:_PREFIX + 8 * k], torch.float32)
-    codec._expect(packet, bool(torch.isfinite(lo).all() & (step >= 0).all()
-                               & torch.isfinite(step).all()),
+    head = _PREFIX + 8 * k + exact_nbytes(entries)
+    raw = host_bytes(payload, head)[_PREFIX:]
+    lo = raw[:4 * k].view("<f4")
+    step = raw[4 * k:8 * k].view("<f4")
+    codes, values = parse_exact(raw[8 * k:], entries)
+    codec._expect(packet, bool(np.isfinite(raw[:8 * k].view("<f4")).all()
+                               and (step >= 0).all()),
                   "bucket tables hold a non-finite value or a negative step")
-    return Levels(bits, split, lo, step, payload[_PREFIX + 8 * k:])
+    codec._expect(packet, bool(np.isfinite(values).all() and (codes < (1 << bits)).all()),
+                  f"the exact table holds a non-finite value or a code past {(1 << bits) - 1}")
+    return Levels(bits, split, lo, step, codes, values, payload[head:])
+
+
+@functools.lru_cache(maxsize=17)
+def _steps(q_bits: int) -> np.ndarray:
+    """[2**q_bits] float64: 0, 1, 2, ... (read only)."""
+    steps = np.arange(1 << q_bits, dtype=np.float64)
+    steps.flags.writeable = False
+    return steps
 
 
 def lookup(levels: Levels, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """Decode: [numel] of ``dtype``, each code replaced by ``lo[k] + q * step[k]``."""
-    q = torch.arange(1 << (levels.bits - levels.split), dtype=torch.float64,
-                     device=levels.lo.device)
-    table = (levels.lo.double()[:, None] + q * levels.step.double()[:, None]).reshape(-1)
-    table = table.to(dtype)  # [2**bits]
-    out = torch.empty(numel, dtype=dtype, device=table.device)
-    for start, stop in chunks(numel, table.device):
+    """Decode: [numel] of ``dtype``, each code replaced by its level (or exact value)."""
+    q = _steps(levels.bits - levels.split)
+    table = (levels.lo.astype(np.float64)[:, None]
+             + q * levels.step.astype(np.float64)[:, None]).reshape(-1)  # [2**bits]
+    table[levels.exact_codes] = levels.exact_values
+    device = levels.codes.device
+    table = cast_levels(table, dtype)
+    if device.type != "cpu":
+        table = table.to(device)
+    out = torch.empty(numel, dtype=dtype, device=device)
+    for start, stop in chunks(numel, device):
         codes = unpack_range(levels.codes, levels.bits, numel, start, stop)
         torch.index_select(table, 0, codes, out=out[start:stop])
     return out
 
-
-def affine_scale(lo: torch.Tensor, span: torch.Tensor,
-                 units: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Map [lo, lo + span] onto [0, units]: (scale64, scale32, offset32), all 0-d.
-
-    ``x * scale32 + offset32`` is the position of x in units; a zero span (or one so small
-    that the float32 scale overflows) maps everything to 0. lo, span: 0-d float64.
-    """
-    scale = torch.where(span > 0, units / span, 0.0)
-    scale32 = scale.float()
-    scale32 = torch.where(torch.isfinite(scale32), scale32, 0.0)
-    return scale32.double(), scale32, (-lo * scale32.double()).float()
-
-
-def strided_sample(flat: torch.Tensor, size: int) -> torch.Tensor:
-    """A deterministic spread-out sample: [N] -> [min(N, size)] (all of flat if smaller).
-
-    Index i takes position ``floor(frac(i * golden) * N)``: evenly spread, never periodic,
-    so it does not alias with rows or channels the way a fixed stride can.
-    """
-    count = flat.numel()
-    if count <= size:
-        return flat
-    return flat[_sample_positions(count, size, flat.device)]
-
-
-@functools.lru_cache(maxsize=16)
-def _sample_positions(count: int, size: int, device: torch.device) -> torch.Tensor:
-    """[size] int64 positions in range(count); cached: a stream sends one shape over and over."""
-    i = torch.arange(size, dtype=torch.float64, device=device)
-    return ((i * _GOLDEN) % 1.0 * count).long()

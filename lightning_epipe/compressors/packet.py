@@ -5,7 +5,7 @@ payload sliced out of a received buffer stays aligned for ``view(dtype)``):
 
     offset  size  field
     0       2     magic b"EP"
-    2       1     format version (1)
+    2       1     format version (2; 2 added the exact-value table of levels payloads)
     3       1     codec id
     4       1     dtype code (see ``DTYPE_CODES``)
     5       1     ndim (at most ``MAX_NDIM``)
@@ -26,7 +26,8 @@ import torch
 __all__ = ["Packet", "PacketError", "header_nbytes", "DTYPE_CODES", "MAX_NDIM"]
 
 MAGIC = b"EP"
-VERSION = 1
+#: 2: levels payloads (quantize, sortquant, topk's values) carry an exact-value table.
+VERSION = 2
 MAX_NDIM = 32
 _FIXED = struct.Struct("<2sBBBBHQ")  # magic, version, codec, dtype, ndim, reserved, payload bytes
 

@@ -2,20 +2,27 @@
 
 Every element x of a tensor with range [min, max] becomes the code
 ``q = round((x - min) / step)``, ``step = (max - min) / (2**bits - 1)``, and decodes to
-``min + q * step``: ``|x - y| <= step / 2`` plus float32 rounding. Payload: the levels
-format (``levels.py``) with one bucket, i.e. 12 bytes + ``ceil(N * bits / 8)``.
+``min + q * step``: ``|x - y| <= step / 2`` plus float32 rounding. Min, max and repeated
+values (``exact.py``) decode bit-exactly; an element sharing a code with one of them is
+within one step. Payload: the levels format (``levels.py``) with one bucket, i.e.
+``12 + 10 * E + ceil(N * bits / 8)`` bytes, E exact entries (usually 1: the max).
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .levels import affine_scale, lookup, new_payload, read_levels, write_codes
+from .exact import exact_candidates
+from .levels import (f32, host_work, levels_head, lookup, new_payload, read_levels,
+                     write_codes)
 from .packet import Packet
 from .registry import register_compressor
 
-__all__ = ["Quantize", "encode_uniform"]
+__all__ = ["Quantize", "encode_uniform", "uniform_codes"]
 
 
 @register_compressor
@@ -46,13 +53,37 @@ class Quantize(Compressor):
 
 
 def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Tensor:
-    """flat: [N] float, N >= 1 -> levels payload with one bucket; checks finiteness for codec."""
-    low, high = torch.aminmax(flat)
-    lo = low.double()
-    span = high.double() - lo
+    """flat: [N] float, N >= 1 -> levels payload with one bucket; checks finiteness for codec.
+
+    Scalars live on the host: one read of (min, max), a sampled search for repeated
+    values, then one fused pass per chunk ``round((x - lo) * scale)``.
+    """
+    lo, hi = torch.stack(torch.aminmax(flat)).tolist()
+    span = hi - lo
     codec._check_finite(flat, probe=span)
     top = (1 << bits) - 1
-    _, scale, offset = affine_scale(lo, span, top)
-    payload, codes = new_payload(flat.numel(), bits, 0, lo[None], (span / top)[None])
-    write_codes(flat, bits, lambda chunk: torch.addcmul(offset, chunk, scale), codes)
+    lo_w = lo if flat.dtype == torch.float64 else f32(lo)  # exact in the work dtype
+    scale = f32(top / span) if span > 0 else 0.0
+    if not math.isfinite(scale):  # a span so small that 1 / span overflows float32
+        scale = 0.0
+    exact = exact_candidates(lo, hi, flat)
+    codes = uniform_codes(exact, lo_w, scale, top, flat.dtype)
+    head = levels_head(bits, 0, [lo], [span / top], list(zip(codes.tolist(), exact.tolist())),
+                       flat.dtype)
+    payload, segment = new_payload(flat.numel(), bits, head, flat.device)
+    # With a finite range, every rounded code is in 0..top already (x - lo <= span, times
+    # top / span, each rounded once in the work dtype): no clamp pass needed.
+    write_codes(flat, bits, lambda chunk: torch.sub(chunk, lo_w).mul_(scale), segment,
+                clamp=not math.isfinite(span))
     return payload
+
+
+def uniform_codes(values: np.ndarray, lo: float, scale: float, top: int,
+                  dtype: torch.dtype) -> np.ndarray:
+    """The codes ``encode_uniform`` gives elements equal to ``values``: [n] -> [n] int64.
+
+    The same operations in the same dtype (``work_dtype``), each rounded once (no fused
+    multiply-add anywhere), so a value's code here is bit for bit its elements' code.
+    """
+    pos = (host_work(values, dtype) - host_work(lo, dtype)) * host_work(scale, dtype)
+    return np.clip(np.rint(pos), 0, top).astype(np.int64)

@@ -4,12 +4,14 @@ The values are cut into ``K = 2**split`` buckets of equal count (by rank), and e
 is quantized uniformly with ``Q = bits - split`` bits between its own ends; the code is
 ``bucket * 2**Q + q``. Dense regions get fine steps, outliers cost one bucket, not the
 resolution of all the others. Payload: the levels format (``levels.py``), i.e.
-``4 + 8 * K`` bytes of tables plus ``ceil(N * bits / 8)`` bytes of codes. Decoding is a
-table lookup, no sort.
+``4 + 8 * K`` bytes of tables, ``10 * E`` bytes of exact values (``exact.py``: the max and
+repeated values, where their level is not already exact) plus ``ceil(N * bits / 8)``
+bytes of codes. Decoding is a table lookup, no sort. An element sharing a code with an
+exact value is within a step of its bucket instead of half a step.
 
 Two ways to find the buckets (``boundaries``):
 
-- ``"exact"``: a stable sort; bucket k holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``,
+- ``"exact"`` (and every tensor of at most ``EXACT_BELOW`` elements): a stable sort; bucket k holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``,
   so counts differ by at most one even with ties, and bucket k spans
   ``[min_k, max_k]`` with ``2**Q`` levels: ``|x - y| <= step_k / 2``. 60-130x the time
   of uniform quantization on 2 CPU cores (the sort; ``benchmarks/compressors.py``).
@@ -29,21 +31,31 @@ Shape legend: N elements, K buckets, G grid cells, M sampled elements.
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
+
+import numpy as np
 import torch
 
 from .base import Compressor, check_int
 from .bitpack import pack
-from .levels import (affine_scale, lookup, new_payload, read_levels, strided_sample,
-                     write_codes)
+from .exact import exact_candidates, host_values
+from .levels import (f32, host_work, levels_head, lookup, new_payload, read_levels,
+                     work_dtype, write_codes)
+from .sampling import strided_sample
 from .packet import Packet
 from .registry import register_compressor
 
-__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE"]
+__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW"]
 
 #: Cells of the uniform grid that estimated boundaries are snapped to.
 GRID = 1 << 16
 #: Elements sampled for the boundary histogram (all of them for smaller tensors).
 SAMPLE = 1 << 16
+#: Tensors of at most this many elements take exact boundaries: a sort of a few thousand
+#: values costs less than the histogram's fixed cost (a grid of ``GRID`` cells).
+EXACT_BELOW = 1 << 12
 BOUNDARIES = ("estimated", "exact")
 
 
@@ -83,7 +95,7 @@ class SortQuant(Compressor):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1)
-        if self.boundaries == "exact":
+        if self.boundaries == "exact" or flat.numel() <= EXACT_BELOW:
             return self._encode_exact(flat)
         return self._encode_estimated(flat)
 
@@ -94,72 +106,185 @@ class SortQuant(Compressor):
 
     def _encode_exact(self, flat: torch.Tensor) -> torch.Tensor:
         """Stable sort, rank buckets, per-bucket [min, max] with 2**Q - 1 steps."""
+        if flat.numel() <= EXACT_BELOW:
+            return self._encode_small(flat)
         self._check_finite(flat)
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
-        values, order = torch.sort(flat, stable=True)
-        values = values.float()
-        starts = torch.tensor([(k * count + buckets - 1) // buckets for k in range(buckets + 1)],
-                              device=flat.device)                               # [K+1] ranks
-        sizes = starts.diff()
-        first, last = starts[:-1].clamp(max=count - 1), (starts[1:] - 1).clamp(min=0)
-        filled = sizes > 0
-        lo = torch.where(filled, values[first].double(), 0.0)                   # [K]
-        step = torch.where(filled, values[last].double() - lo, 0.0) / ((1 << q_bits) - 1)
-        bucket = torch.repeat_interleave(torch.arange(buckets, device=flat.device), sizes)
-        safe_step = torch.where(step > 0, step, 1.0).float()
-        q = ((values - lo.float()[bucket]) / safe_step[bucket]).round_().clamp_(
+        values, order = torch.sort(flat, stable=True)                           # [N]
+        starts = _starts(count, buckets)
+        lo, step = _bucket_tables(host_values(values[torch.tensor(_ends(starts),
+                                                                   device=flat.device)]),
+                                  starts, q_bits)
+        tables = torch.from_numpy(np.stack([lo, np.where(step > 0, step, 1.0)])).float()
+        bucket = _bucket_of_rank(count, buckets, flat.device)                    # [N]
+        tables = tables.to(flat.device)[:, bucket]                               # [2, N]
+        q = torch.sub(values.float(), tables[0]).div_(tables[1]).round_().clamp_(
             0, (1 << q_bits) - 1)
-        codes = torch.empty(count, dtype=torch.int32, device=flat.device)
-        codes[order] = (bucket << q_bits).int() + q.int()
-        payload, segment = new_payload(count, self.bits, self.split, lo, step)
+        sorted_codes = q.int().add_(bucket.int() << q_bits)                      # [N]
+        codes = torch.empty_like(sorted_codes)
+        codes[order] = sorted_codes
+        exact = exact_candidates(float(values[0]), float(values[-1]), flat)
+        probe = torch.from_numpy(exact).to(device=flat.device, dtype=values.dtype)
+        runs = zip(torch.searchsorted(values, probe).tolist(),
+                   torch.searchsorted(values, probe, right=True).tolist())
+        pairs = _exact_in_runs(exact.tolist(), runs, starts, lambda at: sorted_codes[
+            torch.tensor(at, device=flat.device)].tolist())
+        head = levels_head(self.bits, self.split, lo, step, pairs, flat.dtype)
+        payload, segment = new_payload(count, self.bits, head, flat.device)
         pack(codes, self.bits, out=segment)
         return payload
+
+    def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
+        """``_encode_exact`` on the host (numpy): for a few thousand values, a handful of
+        numpy calls cost less than the same number of tensor ops. Same codes, bit for bit."""
+        count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
+        x = host_values(flat)                                                    # [N]
+        order = np.argsort(x, kind="stable")
+        values = x[order]
+        self._check_finite(flat, probe=float(values[-1]) - float(values[0]))  # NaN sorts last
+        starts = _starts(count, buckets)
+        lo, step = _bucket_tables(values[_ends(starts)], starts, q_bits)
+        bucket = np.repeat(np.arange(buckets), np.diff(starts))                  # [N]
+        safe_step = np.where(step > 0, step, 1.0).astype(np.float32)
+        q = (values.astype(np.float32) - lo.astype(np.float32)[bucket]) / safe_step[bucket]
+        sorted_codes = np.clip(np.rint(q), 0, (1 << q_bits) - 1).astype(np.int32) + (
+            bucket.astype(np.int32) << q_bits)                                   # [N]
+        codes = np.empty_like(sorted_codes)
+        codes[order] = sorted_codes
+        exact = exact_candidates(float(values[0]), float(values[-1]), flat)
+        runs = zip(np.searchsorted(values, exact, "left").tolist(),
+                   np.searchsorted(values, exact, "right").tolist())
+        pairs = _exact_in_runs(exact.tolist(), runs, starts,
+                               lambda at: sorted_codes[at].tolist())
+        head = levels_head(self.bits, self.split, lo, step, pairs, flat.dtype)
+        payload, segment = new_payload(count, self.bits, head, torch.device("cpu"))
+        pack(torch.from_numpy(codes), self.bits, out=segment)
+        return payload.to(flat.device)
 
     def _encode_estimated(self, flat: torch.Tensor) -> torch.Tensor:
         """Boundaries from a sampled histogram on a uniform grid; a per-cell affine map."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
-        low, high = torch.aminmax(flat)
-        lo = low.double()
-        span = high.double() - lo
+        lo, hi = torch.stack(torch.aminmax(flat)).tolist()
+        span = hi - lo
         self._check_finite(flat, probe=span)
-        scale64, scale, offset = affine_scale(lo, span, GRID)
+        lo_w = lo if flat.dtype == torch.float64 else f32(lo)  # exact in the work dtype
+        scale = f32(GRID / span) if span > 0 else 0.0
+        if not math.isfinite(scale) or scale == 0.0:  # constant, or a span below ~1e-34
+            head = levels_head(self.bits, self.split, [lo] * buckets, [0.0] * buckets,
+                               [(0, lo)], flat.dtype)
+            payload, segment = new_payload(count, self.bits, head, flat.device)
+            segment.zero_()
+            return payload
 
-        # Bucket edges in grid cells: the grid lines nearest, in rank, to the sample's
-        # quantiles k / K. edges [K+1], from 0 to GRID.
-        sample = strided_sample(flat, SAMPLE).float()                              # [M]
-        sample_cells = torch.addcmul(offset, sample, scale).long().clamp_(0, GRID - 1)
-        below = torch.bincount(sample_cells, minlength=GRID).cumsum(0)           # [G]
-        m = sample.numel()
-        ranks = torch.tensor([(k * m + buckets - 1) // buckets for k in range(1, buckets)],
-                             device=flat.device)                                  # [K-1]
-        cell = torch.searchsorted(below, ranks, right=True).clamp_(max=GRID - 1)
-        before = torch.where(cell > 0, below[(cell - 1).clamp(min=0)], 0)
-        nearer_end = (below[cell] - ranks) < (ranks - before)
-        edges = torch.cat([cell.new_zeros(1), cell + nearer_end, cell.new_full((1,), GRID)])
-        width = edges.diff()                                                       # [K]
+        def grid_position(chunk: torch.Tensor) -> torch.Tensor:
+            return torch.sub(chunk, lo_w).mul_(scale)  # two roundings, as uniform_codes
 
+        sample = strided_sample(flat, SAMPLE).to(work_dtype(flat.dtype))
+        edges = _sampled_edges(grid_position(sample), buckets)
+        width = np.diff(edges)                                                   # [K]
         # Bucket k maps cells [edge_k, edge_k+1] onto codes [k 2**Q, (k+1) 2**Q] (the top
         # bucket onto 2**Q - 1 steps, ending on the last code at max): per cell, the
         # code is u * slope + intercept for grid position u.
-        steps_in = torch.full((buckets,), float(1 << q_bits), dtype=torch.float64,
-                              device=flat.device)
+        steps_in = np.full(buckets, float(1 << q_bits))
         steps_in[-1] -= 1
-        slope = torch.where(width > 0, steps_in / width.clamp(min=1), 0.0)       # [K]
-        first_code = torch.arange(buckets, device=flat.device) * float(1 << q_bits)
-        intercept = first_code - edges[:-1] * slope
-        table = torch.stack([slope, intercept], 1).float().repeat_interleave(
-            width, dim=0, output_size=GRID)                                     # [G, 2]
-        table = table.view(torch.float64).reshape(-1)  # [G] (slope, intercept) float32 pairs
+        slope = np.where(width > 0, steps_in / np.maximum(width, 1), 0.0).astype(np.float32)
+        intercept = (np.arange(buckets) * float(1 << q_bits) - edges[:-1] * slope.astype(
+            np.float64)).astype(np.float32)
+        # Per cell (slope, intercept); one more cell for u = G exactly (the max): u is in
+        # [0, G (1 + 3 eps)], so the cell needs no clamp.
+        cells_of = np.append(width[:-1], width[-1] + 1)
+        table = _per_cell(np.stack([slope, intercept], 1), cells_of, flat.device).view(
+            torch.float64).reshape(-1)                                           # [G + 1]
 
         def code_of(chunk: torch.Tensor) -> torch.Tensor:
-            u = torch.addcmul(offset, chunk, scale)                  # grid position in [0, G]
-            cells = u.to(torch.int32).clamp_(0, GRID - 1)
+            u = grid_position(chunk)                                 # grid position in [0, G]
+            cells = u.to(torch.int32)
             slope_intercept = table.index_select(0, cells).view(torch.float32).view(-1, 2)
-            return torch.addcmul(slope_intercept[:, 1], u, slope_intercept[:, 0], out=u)
+            return u.mul_(slope_intercept[:, 0]).add_(slope_intercept[:, 1])
 
-        cell_size = torch.where(scale64 > 0, 1 / scale64, 0.0)
+        exact = exact_candidates(lo, hi, flat)
+        u = (host_work(exact, flat.dtype) - host_work(lo_w, flat.dtype)) * host_work(
+            scale, flat.dtype)
+        k = np.minimum(np.searchsorted(edges, u.astype(np.int64), "right") - 1, buckets - 1)
+        codes = np.clip(np.rint(u * slope[k] + intercept[k]), 0, (1 << self.bits) - 1)
+        cell_size = 1 / scale
         lo_k = lo + edges[:-1] * cell_size
-        step_k = torch.where(width > 0, width * cell_size / steps_in, 0.0)
-        payload, segment = new_payload(count, self.bits, self.split, lo_k, step_k)
+        step_k = np.where(width > 0, width * cell_size / steps_in, 0.0)
+        head = levels_head(self.bits, self.split, lo_k, step_k,
+                           list(zip(codes.astype(np.int64).tolist(), exact.tolist())),
+                           flat.dtype)
+        payload, segment = new_payload(count, self.bits, head, flat.device)
         write_codes(flat, self.bits, code_of, segment)
         return payload
+
+
+def _sampled_edges(position: torch.Tensor, buckets: int) -> np.ndarray:
+    """Bucket edges in grid cells: the grid lines nearest, in rank, to the quantiles k / K
+    of a sample. position: [M] grid positions -> [K+1] int64 from 0 to GRID.
+    """
+    cells = position.long().clamp_(0, GRID - 1)
+    below = torch.bincount(cells, minlength=GRID).cumsum(0)                     # [G]
+    m = position.numel()
+    ranks = torch.tensor([(k * m + buckets - 1) // buckets for k in range(1, buckets)],
+                         device=position.device)                                # [K-1]
+    cell = torch.searchsorted(below, ranks, right=True).clamp_(max=GRID - 1)
+    before = torch.where(cell > 0, below[(cell - 1).clamp(min=0)], 0)
+    nearer_end = (below[cell] - ranks) < (ranks - before)
+    inner = (cell + nearer_end).cpu().numpy()
+    return np.concatenate([[0], inner, [GRID]]).astype(np.int64)
+
+
+def _per_cell(rows: np.ndarray, cells_of: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Row k repeated ``cells_of[k]`` times: [K, 2] float32 -> [sum(cells_of), 2] on device.
+
+    numpy's repeat on CPU (about 20x faster there than ``repeat_interleave`` for a grid of
+    65537 cells), ``repeat_interleave`` on the device elsewhere.
+    """
+    if device.type == "cpu":
+        return torch.from_numpy(np.repeat(rows, cells_of, axis=0))
+    return torch.from_numpy(rows).to(device).repeat_interleave(
+        torch.from_numpy(cells_of).to(device), dim=0, output_size=int(cells_of.sum()))
+
+
+@functools.lru_cache(maxsize=16)
+def _bucket_of_rank(count: int, buckets: int, device: torch.device) -> torch.Tensor:
+    """[count] int64: the bucket of each rank (ranks ``[ceil(k N / K), ceil((k+1) N / K))``
+    are bucket k); cached: a stream sends one shape over and over."""
+    rank = torch.arange(count, device=device)
+    return (rank * buckets) // count
+
+
+def _starts(count: int, buckets: int) -> list[int]:
+    """[K+1] first ranks of the buckets: bucket k holds ranks [ceil(k N / K), ceil((k+1) N / K))."""
+    return [(k * count + buckets - 1) // buckets for k in range(buckets + 1)]
+
+
+def _ends(starts: list[int]) -> list[int]:
+    """[2K] ranks of each bucket's first element, then of each bucket's last."""
+    count = starts[-1]
+    return [min(s, count - 1) for s in starts[:-1]] + [max(s - 1, 0) for s in starts[1:]]
+
+
+def _bucket_tables(ends: np.ndarray, starts: list[int],
+                   q_bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lo [K], step [K]) float64 from the sorted values at ``_ends(starts)`` [2K]; an empty
+    bucket gets lo 0 and step 0."""
+    lo, hi = np.split(ends.astype(np.float64), 2)
+    filled = np.diff(starts) > 0
+    return np.where(filled, lo, 0.0), np.where(filled, hi - lo, 0.0) / ((1 << q_bits) - 1)
+
+
+def _exact_in_runs(exact: list[float], runs, starts: list[int],
+                   codes_at: Callable[[list[int]], list[int]]) -> list[tuple[int, float]]:
+    """(code, value) pairs for exact values of a sorted tensor.
+
+    The elements equal to v are a run [a, b) of the sorted values; within a bucket they
+    share one code, so the run's codes are those at a and at each bucket start inside it.
+    runs: (a, b) per value; codes_at: ranks -> codes of the sorted elements there.
+    """
+    at, of = [], []
+    for v, (a, b) in zip(exact, runs):
+        for rank in [a, *(s for s in starts if a < s < b)]:
+            at.append(rank)
+            of.append(v)
+    return list(zip(codes_at(at), of)) if at else []

@@ -99,7 +99,10 @@ class TopK(Compressor):
                      f"prefix says dense={dense} value_bits={value_bits} "
                      f"index_bits={index_bits} k={k} (pad {pad}); expected index_bits="
                      f"{expected_index_bits}, value_bits 0 or 2..16, k in 1..{count}")
-        values_nbytes = k * dtype.itemsize if value_bits == 0 else levels_nbytes(k, value_bits, 0)
+        values_nbytes = k * dtype.itemsize
+        if value_bits:  # a levels payload: its exact-table size is in its prefix
+            entries = payload[_PREFIX.size + 2:_PREFIX.size + 3]
+            values_nbytes = levels_nbytes(k, value_bits, 0, int(entries) if entries.numel() else 0)
         index_nbytes = 0 if dense else packed_nbytes(k, index_bits)
         expected = _PREFIX.size + values_nbytes + index_nbytes
         self._expect(packet, payload.numel() == expected,
@@ -139,10 +142,13 @@ def _largest(flat: torch.Tensor, k: int) -> torch.Tensor:
     A threshold from a strided sample keeps a few more than k candidates (4 standard
     deviations of the sample count), and the surplus smallest of those are dropped: a few
     times cheaper than a full ``topk`` over N on CPU. If sampling misjudged and fewer than
-    k pass the threshold, the full ``topk`` runs instead.
+    k pass the threshold, the full ``topk`` runs instead, as it does for tensors no larger
+    than the sample.
     """
     magnitude = flat.abs()
     count = flat.numel()
+    if count <= SAMPLE:  # the sample would be all of it: one topk, positions in order
+        return magnitude.topk(k, sorted=False).indices.sort().values
     sample = strided_sample(magnitude, SAMPLE)
     m = sample.numel()
     expected = k * m / count

@@ -22,6 +22,8 @@ CODECS = [
     ("lloydmax", {"bits": 2}),
     ("lloydmax", {"bits": 4}),
     ("lloydmax", {"bits": 8, "iterations": 3}),
+    ("hadamard", {"bits": 4}),
+    ("hadamard", {"bits": 2, "block": 8}),
 ]
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 #: Empty, 0-d, one element, odd sizes, 2-D, [B, T, D] and [B, C, H, W].
@@ -51,3 +53,14 @@ def ulp_slack(x: torch.Tensor) -> float:
     """Rounding allowance: a few float32 ulps of the largest |x| plus the dtype's own rounding."""
     big = float(x.float().abs().max()) if x.numel() else 0.0
     return 16 * torch.finfo(torch.float32).eps * big + torch.finfo(x.dtype).eps * big + 1e-30
+
+
+def shares_exact_code(codec: Compressor, x: torch.Tensor) -> torch.Tensor:
+    """[N] bool: elements whose code is an exact value's (they decode to that value, within
+    a step instead of half a step). For codecs with a levels payload (quantize, sortquant)."""
+    from lightning_epipe.compressors.bitpack import unpack
+    from lightning_epipe.compressors.levels import read_levels
+
+    levels = read_levels(codec, codec.encode(x))
+    codes = unpack(levels.codes, levels.bits, x.numel()).long()
+    return torch.isin(codes, torch.from_numpy(levels.exact_codes))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from lightning_epipe.compressors import LloydMax, Packet, PacketError, get_compressor
-from lightning_epipe.compressors.lloydmax import GRID
+from lightning_epipe.compressors.grid import GRID, MIN_GRID, grid_size
 from lightning_epipe.compressors.packet import header_nbytes
 
 from .cases import FLOATS, sample, ulp_slack
@@ -95,17 +95,19 @@ def test_empty(shape):
     assert LloydMax().decode(packet).shape == x.shape
 
 
+@pytest.mark.parametrize("n", [300, 40_000])
 @pytest.mark.parametrize("bits", [2, 4, 8])
 @pytest.mark.parametrize("dtype", FLOATS + [torch.float64], ids=str)
-def test_error_is_at_most_the_nearest_level_plus_a_cell(bits, dtype):
-    x = (sample((40_000,), torch.float32) * 3 + 1).to(dtype)
+def test_error_is_at_most_the_nearest_level_plus_a_cell(n, bits, dtype):
+    """A cell of the grid the tensor's size gets: 2048 cells for 300 elements."""
+    x = (sample((n,), torch.float32) * 3 + 1).to(dtype)
     packet = LloydMax(bits=bits).encode(x)
     y = LloydMax().decode(packet).double()
     assert y.dtype == torch.float64 or LloydMax().decode(packet).dtype == dtype
     book = codebook(packet).double()
     xd = x.double()
     nearest = (xd[:, None] - book[None, :]).abs().min(1).values
-    cell = float(xd.max() - xd.min()) / GRID
+    cell = float(xd.max() - xd.min()) / grid_size(n)
     assert ((xd - y).abs() <= nearest + 1.01 * cell + ulp_slack(x)).all()
     assert (book.diff() >= 0).all() and torch.isfinite(book).all()
 
@@ -187,3 +189,9 @@ def test_a_packet_of_the_wrong_size_raises():
     with pytest.raises(PacketError, match="100 codes of 4 bits with a codebook of 16 levels "
                                           "take 118 payload bytes"):
         LloydMax().decode(Packet(packet.codec, packet.dtype, packet.shape, packet.payload[:-2]))
+
+
+@pytest.mark.parametrize("count, cells", [(1, MIN_GRID), (256, MIN_GRID), (257, 2048),
+                                          (4096, 16384), (16384, GRID), (10**8, GRID)])
+def test_grid_has_four_cells_per_element_within_bounds(count, cells):
+    assert grid_size(count) == cells

@@ -19,7 +19,7 @@ def test_header_size_depends_only_on_ndim():
 
 def test_header_layout_is_literal():
     buf = packet((2, 3), 5, codec=4, dtype=torch.bfloat16).to_bytes()
-    assert bytes(buf[:16].tolist()) == b"EP" + bytes([1, 4, 7, 2, 0, 0]) + struct.pack("<Q", 5)
+    assert bytes(buf[:16].tolist()) == b"EP" + bytes([2, 4, 7, 2, 0, 0]) + struct.pack("<Q", 5)
     assert struct.unpack("<2q", bytes(buf[16:32].tolist())) == (2, 3)
     assert buf[32:].tolist() == [0, 1, 2, 3, 4]
 

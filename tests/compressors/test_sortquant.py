@@ -8,7 +8,7 @@ from lightning_epipe.compressors.bitpack import unpack
 from lightning_epipe.compressors.levels import read_levels
 from lightning_epipe.compressors.packet import header_nbytes
 
-from .cases import FLOATS, sample, ulp_slack
+from .cases import FLOATS, sample, shares_exact_code, ulp_slack
 
 
 def parts(codec: SortQuant, x: torch.Tensor):
@@ -17,7 +17,13 @@ def parts(codec: SortQuant, x: torch.Tensor):
     levels = read_levels(codec, packet)
     codes = unpack(levels.codes, levels.bits, x.numel()).long()
     y = SortQuant().decode(packet).reshape(-1).double()
-    return codes, levels.lo.double(), levels.step.double(), y
+    return (codes, torch.from_numpy(levels.lo).double(), torch.from_numpy(levels.step).double(),
+            y)
+
+
+def half_step_or_step(codec: SortQuant, x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The error bound per element: step / 2, or a step where it shares an exact value's code."""
+    return torch.where(shares_exact_code(codec, x), step, step / 2)
 
 
 def equal_counts(n: int, buckets: int) -> list[int]:
@@ -51,7 +57,7 @@ def test_exact_buckets_hold_equal_counts_and_bound_the_error(bits, split, x):
     # sorted by value, the buckets come in order: bucket k holds ranks of bucket k
     assert (bucket[x.argsort(stable=True)].diff() >= 0).all()
     xd = x.double()
-    assert ((xd - y).abs() <= step[bucket] / 2 + ulp_slack(x)).all()
+    assert ((xd - y).abs() <= half_step_or_step(codec, x, step[bucket]) + ulp_slack(x)).all()
     assert ((xd >= lo[bucket]) & (xd <= lo[bucket] + step[bucket] * (2**q_bits - 1)
                                   + ulp_slack(x))).all()
 
@@ -78,8 +84,8 @@ def test_estimated_error_is_at_most_half_a_step_of_its_bucket(n, bits, data):
     # an element rounding up lands on code 0 of the next bucket: bound by either bucket's step
     bucket = codes >> (bits - codec.split)
     below = (bucket - 1).clamp(min=0)
-    assert ((x.double() - y).abs() <= torch.maximum(step[bucket], step[below]) / 2
-            + ulp_slack(x)).all()
+    bound = half_step_or_step(codec, x, torch.maximum(step[bucket], step[below]))
+    assert ((x.double() - y).abs() <= bound + ulp_slack(x)).all()
 
 
 @pytest.mark.parametrize("kind", ["normal", "laplace"])
@@ -159,10 +165,12 @@ def test_a_quantize_payload_is_refused():
 def test_exact_property(values, bits, data, dtype):
     split = data.draw(st.integers(1, bits - 1))
     x = torch.tensor(values).to(dtype)
-    codes, _, step, y = parts(SortQuant(bits=bits, split=split, boundaries="exact"), x)
+    codec = SortQuant(bits=bits, split=split, boundaries="exact")
+    codes, _, step, y = parts(codec, x)
     bucket = codes >> (bits - split)
     assert torch.bincount(bucket, minlength=2**split).tolist() == equal_counts(x.numel(), 2**split)
-    assert ((x.double() - y).abs() <= step[bucket] / 2 + ulp_slack(x)).all()
+    assert ((x.double() - y).abs() <= half_step_or_step(codec, x, step[bucket])
+            + ulp_slack(x)).all()
 
 
 @settings(max_examples=50, deadline=None)
@@ -172,8 +180,23 @@ def test_exact_property(values, bits, data, dtype):
 def test_estimated_property(values, bits, data, dtype):
     split = data.draw(st.integers(1, bits - 1))
     x = torch.tensor(values).to(dtype)
-    codes, _, step, y = parts(SortQuant(bits=bits, split=split), x)
+    codec = SortQuant(bits=bits, split=split)
+    codes, _, step, y = parts(codec, x)
     bucket = codes >> (bits - split)
     below = (bucket - 1).clamp(min=0)
-    assert ((x.double() - y).abs() <= torch.maximum(step[bucket], step[below]) / 2
-            + ulp_slack(x)).all()
+    bound = half_step_or_step(codec, x, torch.maximum(step[bucket], step[below]))
+    assert ((x.double() - y).abs() <= bound + ulp_slack(x)).all()
+
+
+@pytest.mark.parametrize("bits, split", [(8, 2), (5, 2), (12, 3)])
+@pytest.mark.parametrize("dtype", FLOATS + [torch.float64], ids=str)
+def test_small_tensors_on_the_host_give_the_tensor_paths_bytes(monkeypatch, bits, split, dtype):
+    """Tensors of at most EXACT_BELOW elements are encoded with numpy; the payload must be
+    the one the torch path of exact boundaries writes."""
+    from lightning_epipe.compressors import sortquant
+
+    x = heavy_ties(1000).to(dtype) * 1.37 - 0.25
+    small = SortQuant(bits=bits, split=split).encode(x).payload
+    monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
+    assert torch.equal(SortQuant(bits=bits, split=split, boundaries="exact").encode(x).payload,
+                       small)

@@ -1,0 +1,110 @@
+"""Values a quantizer reproduces bit for bit: the ends of the range and repeated values.
+
+A quantizer's levels are computed (``lo + q * step``), so the tensor's max, and any value
+repeated across a large share of the tensor (ReLU zeros, a 0 / -1e4 additive attention
+mask, a clamp), would come back a rounding off. Code that tests ``mask == 0`` after a cut
+then breaks. Each such value takes over the code its elements are given anyway, and a
+small table in the payload sets that code's level to the exact value:
+
+    exact table: E codes (uint16) | E values (float64, exact for every float dtype)
+
+Only codes whose computed level differs from the value get an entry, so a value that is
+already exact (a min on code 0, a bucket that holds one value) costs nothing. An element
+that shares a code with an exact value ``v`` decodes to ``v``: its error is at most one
+step instead of half a step (it lies within half a step of the code's level, and so does
+``v``).
+
+Repeated values are searched on the host in a strided sample of ``SPIKE_SAMPLE``
+elements (a sort of 512 values), so the cost is the same for every tensor size.
+Shape legend: N elements, M sampled elements, E entries.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .sampling import strided_sample
+
+__all__ = ["SPIKE_SAMPLE", "SPIKE_SHARE", "MAX_SPIKES", "MAX_ENTRIES", "repeated_values",
+           "exact_candidates", "host_values", "exact_nbytes", "exact_bytes", "parse_exact"]
+
+#: Elements of a tensor searched for repeated values.
+SPIKE_SAMPLE = 512
+#: A value is repeated if it holds at least this share of the sample.
+SPIKE_SHARE = 1 / 64
+#: The most frequent repeated values kept, besides the ends of the range.
+MAX_SPIKES = 4
+#: Entries an exact table holds at most (its count travels as one byte).
+MAX_ENTRIES = 255
+_ENTRY = 10  # uint16 code + float64 value
+
+
+def host_values(t: torch.Tensor) -> np.ndarray:
+    """A small tensor's values on the host: [n] any float dtype -> [n] float32 or float64
+    numpy (exact: float16 and bfloat16 widen to float32 losslessly)."""
+    t = t.detach().reshape(-1)
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.float()
+    return t.cpu().numpy()
+
+
+def repeated_values(flat: torch.Tensor, share: float = SPIKE_SHARE, limit: int = MAX_SPIKES,
+                    sample_size: int = SPIKE_SAMPLE, known: tuple[float, ...] = ()) -> list[float]:
+    """Values holding at least ``share`` of a strided sample of ``flat`` (at least two
+    elements), the ``limit`` most frequent, most frequent first; ``known`` values left
+    out. flat: [N] float.
+
+    A value repeated r times in the sorted sample s has ``s[i] == s[i + r - 1]`` for some
+    i: one comparison of two shifted views finds that there are none (the common case),
+    or that the only ones are known (ReLU zeros at the min).
+    """
+    sample = np.sort(host_values(strided_sample(flat, sample_size)))            # [M]
+    m = sample.size
+    run = max(2, math.ceil(share * m))
+    if m < run:
+        return []
+    hits = sample[:m - run + 1] == sample[run - 1:]
+    if not hits.any():
+        return []
+    found = sample[:m - run + 1][hits]
+    for value in known:
+        found = found[found != value]
+    if found.size == 0:
+        return []
+    found = np.unique(found)                                                    # [P] sorted
+    found = found[np.isfinite(found)]
+    counts = np.searchsorted(sample, found, "right") - np.searchsorted(sample, found, "left")
+    order = np.argsort(-counts, kind="stable")[:limit]
+    return [float(v) for v in found[order]]
+
+
+def exact_candidates(lo: float, hi: float, flat: torch.Tensor) -> np.ndarray:
+    """The values to reproduce exactly, in order of priority: min, max, repeated values;
+    none if the range is not finite (``check_finite=False`` lets NaN and Inf through).
+    -> [<= 6] float64.
+    """
+    if not math.isfinite(hi - lo):
+        return np.empty(0)
+    values = np.asarray([lo, hi, *repeated_values(flat, known=(lo, hi))], dtype=np.float64)
+    return values[np.isfinite(values)]
+
+
+def exact_nbytes(entries: int) -> int:
+    """Bytes of an exact table of ``entries`` entries."""
+    return _ENTRY * entries
+
+
+def exact_bytes(codes: list[int], values: list[float]) -> bytes:
+    """The wire form of a table: E uint16 codes then E float64 values, little-endian."""
+    return (np.asarray(codes, dtype="<u2").tobytes()
+            + np.asarray(values, dtype="<f8").tobytes())
+
+
+def parse_exact(raw: np.ndarray, entries: int) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of ``exact_bytes``: [>= 10 E] uint8 -> (codes [E] int64, values [E] float64)."""
+    codes = raw[:2 * entries].view("<u2").astype(np.int64)
+    values = raw[2 * entries:10 * entries].view("<f8").astype(np.float64)
+    return codes, values

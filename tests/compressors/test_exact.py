@@ -1,0 +1,107 @@
+"""Exact where it is cheap: min, max and repeated values decode bit for bit."""
+
+import pytest
+import torch
+
+from lightning_epipe.compressors import Packet, get_compressor
+from lightning_epipe.compressors.exact import repeated_values
+
+from .cases import FLOATS, codec_id
+
+#: Every quantizer and mode (lloydmax pins the ends from 4 bits).
+QUANTIZERS = [
+    ("quantize", {"bits": 2}),
+    ("quantize", {"bits": 8}),
+    ("quantize", {"bits": 13}),
+    ("sortquant", {"bits": 8}),
+    ("sortquant", {"bits": 4, "split": 1}),
+    ("sortquant", {"bits": 8, "boundaries": "exact"}),
+    ("sortquant", {"bits": 12, "boundaries": "exact"}),
+    ("lloydmax", {"bits": 4}),
+    ("lloydmax", {"bits": 8}),
+    ("topk", {"fraction": 1.0, "bits": 8}),  # every value kept, quantized
+]
+#: Small tensors take other paths than large ones (exact boundaries below 4096 elements).
+SIZES = [(4, 64), (64, 1024)]
+
+
+def round_trip(case, x: torch.Tensor) -> torch.Tensor:
+    name, kwargs = case
+    packet = get_compressor(name, **kwargs).encode(x)
+    return get_compressor(name, **kwargs).decode(Packet.from_bytes(packet.to_bytes()))
+
+
+def attention_mask(shape, dtype) -> torch.Tensor:
+    """An additive mask: 0 where attended, -1e4 on padded positions (a third of them)."""
+    g = torch.Generator().manual_seed(1)
+    return torch.where(torch.rand(shape, generator=g) < 1 / 3, -1e4, 0.0).to(dtype)
+
+
+@pytest.mark.parametrize("case", QUANTIZERS, ids=codec_id)
+@pytest.mark.parametrize("shape", SIZES, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_an_attention_mask_round_trips_exactly(case, shape, dtype):
+    mask = attention_mask(shape, dtype)
+    y = round_trip(case, mask)
+    assert torch.equal(y == 0, mask == 0) and torch.equal(y, mask)
+
+
+@pytest.mark.parametrize("case", QUANTIZERS, ids=codec_id)
+@pytest.mark.parametrize("shape", SIZES, ids=str)
+@pytest.mark.parametrize("dtype", FLOATS, ids=str)
+def test_relu_zeros_min_and_max_are_exact(case, shape, dtype):
+    g = torch.Generator().manual_seed(2)
+    x = torch.relu(torch.randn(shape, generator=g)).to(dtype)
+    y = round_trip(case, x)
+    assert (y[x == 0] == 0).all()  # small positives may round to 0 too: that is quantization
+    assert y.max() == x.max() and y.min() == x.min()
+
+
+@pytest.mark.parametrize("case", [c for c in QUANTIZERS if c[1]["bits"] >= 8], ids=codec_id)
+@pytest.mark.parametrize("shape", SIZES, ids=str)
+def test_a_repeated_value_inside_the_range_is_exact(case, shape):
+    """Dropout zeros, a clamp in the middle of the range, a ReLU gradient's zeros."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, generator=g) * 3
+    x[torch.rand(shape, generator=g) < 0.2] = 0.3721  # not on any grid by chance
+    x[torch.rand(shape, generator=g) < 0.1] = 0.0
+    y = round_trip(case, x)
+    assert (y[x == 0.3721] == 0.3721).all() and (y[x == 0] == 0).all()
+    assert y.max() == x.max() and y.min() == x.min()
+
+
+def test_repeated_values_sharing_a_code_the_more_frequent_wins():
+    """At 2 bits (a step of a third of the range) 0 and 0.37 share a code: one level, one
+    exact value; the other is within a step of it."""
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(3)) * 3
+    x.view(-1)[::3] = 0.0
+    x.view(-1)[1::5] = 0.37
+    y = round_trip(("quantize", {"bits": 2}), x)
+    assert (y[x == 0] == 0).all() and (y[x == 0.37] == 0).all()
+    assert y.max() == x.max() and y.min() == x.min()
+
+
+@pytest.mark.parametrize("case", QUANTIZERS, ids=codec_id)
+def test_ends_are_exact_on_continuous_data(case):
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(300, 70, generator=g) * 1e-3 + 5.0  # ends far from a round number
+    y = round_trip(case, x)
+    assert y.max() == x.max() and y.min() == x.min()
+
+
+@pytest.mark.parametrize("case", [c for c in QUANTIZERS if c[0] != "lloydmax"], ids=codec_id)
+def test_float64_ends_are_exact(case):
+    """The exact table holds float64, so even values a float32 table cannot hold come back."""
+    x = torch.linspace(1 / 3, 2 / 3, 999, dtype=torch.float64)
+    y = round_trip(case, x)
+    assert y[0] == x[0] and y[-1] == x[-1]
+
+
+def test_repeated_values_are_found_by_share_most_frequent_first():
+    x = torch.randn(100_000, generator=torch.Generator().manual_seed(5))
+    x[::4] = 2.0     # 25 %
+    x[1::10] = -1.0  # 10 %
+    x[3::500] = 7.0  # 0.2 %: not a large share
+    assert repeated_values(x) == [2.0, -1.0]
+    assert repeated_values(torch.randn(10_000)) == []
+    assert repeated_values(torch.tensor([1.0])) == []
