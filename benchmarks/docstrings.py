@@ -1,0 +1,179 @@
+"""Codecs on a real pretrained transformer: examples/docstrings (all-MiniLM-L6-v2, no download).
+
+    python benchmarks/docstrings.py --errors-only          # relative error per layer, seconds
+    python benchmarks/docstrings.py                        # + a first look at training, 1 seed
+
+1. Errors: the pretrained model (no fine-tuning) on 64 validation docstrings of 64 tokens;
+   the hidden states after the embeddings and after each of the 6 layers (what a cut
+   carries), their kurtosis and largest |x| in standard deviations, and the relative L2
+   error ``|decode(encode(x)) - x| / |x|`` and wire ratio (headers included) of each codec.
+2. Training (unless ``--errors-only``): the example fine-tuned over 2 processes
+   (client-server, balance [2, 4, 2], chunks 4), activations and gradients compressed,
+   ONE seed, few epochs, a reduced corpus (``--per-class``, ``--max-length``): a first
+   look, not the 3-seed comparison. Final test accuracy and MCC, the wire ratio.
+
+Writes ``benchmarks/results/docstrings.json`` and prints the tables with the load average.
+A run started by the script itself with ``--worker JSON`` is one training (rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import ROOT, fmt, free_port, markdown_table, write_json  # noqa: E402
+
+CODECS = {
+    "none": {"compressor": "none"},
+    "sortquant-8": {"compressor": "sortquant", "bits": 8},
+    "sortquant-4": {"compressor": "sortquant", "bits": 4},
+    "quantize-4": {"compressor": "quantize", "bits": 4},
+    "lloydmax-4": {"compressor": "lloydmax", "bits": 4},
+    "hadamard-4": {"compressor": "hadamard", "bits": 4},
+}
+
+
+def errors(samples: int = 64, max_length: int = 64) -> dict:
+    """Per layer: kurtosis, max |z|, and {codec: (relative error, ratio)} on pretrained states."""
+    import torch
+    import transformers
+    from transformers import BertModel
+
+    from examples.docstrings.data import DocstringsDataModule
+    from examples.docstrings.pretrained import model_dir
+    from lightning_epipe.compressors import get_compressor
+
+    transformers.logging.set_verbosity_error()
+    data = DocstringsDataModule(max_length=max_length, batch_size=samples)
+    data.setup("fit")
+    (ids, mask), _ = next(iter(data.val_dataloader()))
+    bert = BertModel.from_pretrained(str(model_dir()), add_pooling_layer=False).eval()
+    with torch.no_grad():
+        states = bert(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
+    out = {}
+    for layer, x in enumerate(states):
+        z = (x - x.mean()) / x.std()
+        row = {"kurtosis": float(z.pow(4).mean()), "max_abs_z": float(z.abs().max()), "codecs": {}}
+        for label, spec in CODECS.items():
+            codec = get_compressor(spec["compressor"], **({"bits": spec["bits"]} if "bits" in spec else {}))
+            y = codec.decode(codec.encode(x))
+            row["codecs"][label] = {"rel_err": float((y - x).norm() / x.norm()), "ratio": codec.ratio(x)}
+        out[str(layer)] = row
+    return out
+
+
+def worker(cfg: dict) -> None:
+    """One pipelined training (this process is rank 0 or, re-run by Lightning, rank 1)."""
+    import lightning as L
+    import torch
+    import transformers
+
+    from examples.docstrings.data import DocstringsDataModule
+    from examples.docstrings.model import MiniLMClassifier
+    from lightning_epipe import EPipeStrategy
+    from lightning_epipe.callbacks import EPipeMonitor
+
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)
+    L.seed_everything(cfg["seed"], verbose=False)
+    data = DocstringsDataModule(per_class=cfg["per_class"], max_length=cfg["max_length"], batch_size=cfg["batch"])
+    model = MiniLMClassifier(num_classes=data.num_classes, lr=cfg["lr"])
+    strategy = EPipeStrategy(chunks=4, placement="client-server", balance=[2, 4, 2],
+                             timeout=timedelta(seconds=600), **cfg["codec"])
+    monitor = EPipeMonitor(prog_bar=False)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=cfg["epochs"],
+                        callbacks=[monitor], logger=False, enable_checkpointing=False,
+                        enable_model_summary=False, enable_progress_bar=False, num_sanity_val_steps=0,
+                        log_every_n_steps=10)
+    start = time.perf_counter()
+    trainer.fit(model, data)
+    fit_s = time.perf_counter() - start
+    summary = monitor.summary() if trainer.is_global_zero else None
+    (result,) = trainer.test(model, data, verbose=False)
+    if trainer.is_global_zero:
+        report = {"test_acc": result["test_acc"], "test_mcc": result["test_mcc"], "ratio": summary["ratio"],
+                  "fit_s": fit_s, "train_size": len(data.train_set), "test_size": len(data.test_set)}
+        Path(cfg["out"]).write_text(json.dumps(report))
+
+
+def train(label: str, cfg: dict, timeout: float) -> dict:
+    """Run ``worker`` for ``CODECS[label]`` in fresh processes; its report or ``{"error": ...}``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cfg = {**cfg, "codec": CODECS[label], "out": str(out)}
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+               "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)]
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            log = proc.communicate(timeout=timeout)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            return {"error": f"no result after {timeout:.0f} s", "log": proc.communicate()[0][-1500:]}
+        if proc.returncode == 0 and out.exists():
+            return json.loads(out.read_text())
+        return {"error": f"exit code {proc.returncode}", "log": log[-1500:]}
+
+
+def error_table(errs: dict) -> str:
+    header = ["after", "kurtosis", "max |z|", *CODECS]
+    rows = [["embeddings" if layer == "0" else f"layer {layer}", fmt(r["kurtosis"], ".1f"), fmt(r["max_abs_z"], ".1f"),
+             *(f"{r['codecs'][c]['rel_err']:.3f} ({r['codecs'][c]['ratio']:.3f})" for c in CODECS)]
+            for layer, r in errs.items()]
+    return markdown_table(header, rows)
+
+
+def train_table(runs: dict) -> str:
+    rows = [[label, fmt(r.get("test_acc"), ".4f"), fmt(r.get("test_mcc"), ".4f"), fmt(r.get("ratio"), ".3f"),
+             fmt(r.get("fit_s"), ".0f"), r.get("error", "")] for label, r in runs.items()]
+    return markdown_table(["codec", "test acc", "test MCC", "wire ratio", "fit s", "error"], rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--errors-only", action="store_true")
+    parser.add_argument("--only", nargs="*", help="codec labels to train (default: all)")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--per-class", type=int, default=300)
+    parser.add_argument("--max-length", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=1200)
+    parser.add_argument("--out", default="docstrings.json")
+    args = parser.parse_args()
+    if args.worker:
+        return worker(json.loads(args.worker))
+
+    result = {"errors": errors(), "load_before": os.getloadavg()}
+    print("Relative L2 error (wire ratio) on the pretrained hidden states, 64 docstrings x 64 tokens:")
+    print(error_table(result["errors"]))
+    if not args.errors_only:
+        cfg = dict(seed=args.seed, epochs=args.epochs, per_class=args.per_class, max_length=args.max_length,
+                   batch=32, lr=args.lr)
+        result["train_config"] = cfg
+        result["runs"] = {}
+        for label in args.only or CODECS:
+            result["runs"][label] = train(label, cfg, args.timeout)
+            print(label, {k: v for k, v in result["runs"][label].items() if k != "log"}, flush=True)
+            write_json(args.out, result)
+        print(f"\nONE seed ({args.seed}), {args.epochs} epochs, {args.per_class} docstrings a class, "
+              f"{args.max_length} tokens, 2 processes:")
+        print(train_table(result["runs"]))
+    result["load_after"] = os.getloadavg()
+    print(f"load average before {result['load_before']}, after {result['load_after']}")
+    print("wrote", write_json(args.out, result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Pretrained MiniLM fine-tuned on docstrings of installed Python packages."""
