@@ -3,12 +3,20 @@
 from lightning.pytorch import LightningDataModule, LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+MONITOR = {"class_path": "lightning_epipe.callbacks.EPipeMonitor"}
+
 
 class ExampleCLI(LightningCLI):
-    """LightningCLI that gives the model the data's class count (``data.num_classes``)."""
+    """LightningCLI that gives the model the data's class count (``data.num_classes``) and logs
+    EPipe's metrics: ``trainer.callbacks`` defaults to ``[EPipeMonitor]``.
+
+    A config's own ``trainer.callbacks`` list replaces the default (the pipelined configs list
+    the monitor); ``--trainer.callbacks=[]`` removes it, as runs without ``EPipeStrategy`` must.
+    """
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.set_defaults({"trainer.callbacks": [MONITOR]})
 
 
 def run_cli(

@@ -65,6 +65,7 @@ def _row(report: dict, baseline: dict) -> list[str]:
         f"{s['ratio']:.3f}",
         f"{s['bytes'] / 1e6:.1f} MB",
         f"{max(l['bandwidth_avg'] or 0 for l in links) / 1e6:.1f} MB/s",
+        f"{max(l['bandwidth_wall'] or 0 for l in links) / 1e6:.1f} MB/s",
         f"{max(l['bandwidth_peak'] or 0 for l in links) / 1e6:.1f} MB/s",
     ]
 
@@ -93,7 +94,7 @@ def main() -> None:
             print(reports[name]["table"], "\n", flush=True)
 
     baseline = reports.get("none", next(iter(reports.values())))
-    header = ["codec", "test acc", "samples/s", "vs none", "ratio", "on the wire", "avg bw (max link)", "peak bw"]
+    header = ["codec", "test acc", "samples/s", "vs none", "ratio", "on the wire", "avg bw (max link)", "wall bw", "peak bw"]
     rows = [header] + [_row(r, baseline) for r in reports.values()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     print("== digits, pipelined over", args.devices, "processes:")

@@ -1,10 +1,10 @@
 """RoBERTa fine-tuned for sentence classification, its network one ``nn.Sequential``."""
 
-import torch
-from torchmetrics import Accuracy, MatthewsCorrCoef, MetricCollection
+import torch  # noqa: F401  (for the doctest below)
 from transformers import RobertaConfig, RobertaForSequenceClassification
 
-from examples.common import SequentialClassifier, warmup_decay
+from examples.common import SequentialClassifier
+from examples.common.finetune import accuracy_and_mcc, adamw_warmup_decay
 from examples.roberta.layers import roberta_layers
 
 
@@ -54,17 +54,8 @@ class RobertaClassifier(SequentialClassifier):
             network = RobertaForSequenceClassification(tiny_config(num_classes))
         else:
             network = RobertaForSequenceClassification.from_pretrained(model_name, num_labels=num_classes)
-        metrics = MetricCollection(
-            {
-                "acc": Accuracy(task="multiclass", num_classes=num_classes),
-                "mcc": MatthewsCorrCoef(task="multiclass", num_classes=num_classes),
-            }
-        )
-        super().__init__(roberta_layers(network), metrics)
+        super().__init__(roberta_layers(network), accuracy_and_mcc(num_classes))
         self.save_hyperparameters()
 
     def configure_optimizers(self) -> dict:
-        optimizer = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
-        total = self.trainer.estimated_stepping_batches
-        schedule = warmup_decay(optimizer, int(self.hparams.warmup_ratio * total), total, decay="linear")
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+        return adamw_warmup_decay(self)

@@ -6,11 +6,18 @@ of every rank into metrics over a window (the pattern of Lightning's ``Throughpu
 it by hand. Definitions (the report's):
 
 - *compression ratio* = wire bytes / raw bytes: the transport header and the codec packet
-  over the bytes of the uncompressed tensors, per cut and direction and overall;
+  over the bytes of the uncompressed tensors. ``ratio`` counts every byte the ranks send,
+  the raw inputs of the chain placement included; per rank, per direction and per cut too;
 - *bytes* of a link = what its sender put on the wire (its receiver counts the same);
-- *average bandwidth* = bytes of a link / wall seconds of the window;
-- *peak bandwidth* = the largest bytes/seconds of one transfer, timed at the receiver from a
-  message's header to its payload. The counters keep a running maximum, so this is the
+- *computation time* of a window = the compute seconds of its busiest rank: how long the
+  window's work takes if no rank ever waits for a link;
+- *average bandwidth* (``bandwidth_avg``) = bytes of a link / computation time: the rate
+  the link must carry for its transfers to hide behind the computation. The *wall-clock
+  rate* (``bandwidth_wall``) = bytes / wall seconds of the window (validation and idle
+  time included);
+- *peak bandwidth* = the largest bytes/seconds of one transfer, timed at the sender from
+  posting a frame to its completion (receivers post ahead, so that is the transfer; a
+  completion seen late only lowers the rate). The counters keep a running maximum, so this is the
   peak of the run so far, not of the window;
 - *bubble* of a rank = seconds it waited for a peer / (its compute seconds + those);
 - *throughput* = samples (batches) / client training seconds (validation excluded).
@@ -28,8 +35,6 @@ from lightning_epipe.strategy.partition import PipelinePlan
 from lightning_epipe.strategy.stats import LinkCounter, LinkKey, PipelineStats
 
 __all__ = ["PipelineLink", "pipeline_links", "Measurement", "PipelineMeter", "Stopwatch", "stats_delta", "format_summary"]
-
-_CODED = ("activation", "gradient")
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,16 @@ class _Window:
     def received(self, link: PipelineLink) -> LinkCounter:
         return self.ranks.get(link.dst, PipelineStats()).links.get(link.recv_key, LinkCounter())
 
+    @property
+    def compute_seconds(self) -> float:
+        """The computation time: the busiest rank's compute seconds."""
+        return max((stats.busy_seconds for stats in self.ranks.values()), default=0.0)
+
+    def rates(self, nbytes: float) -> dict[str, float]:
+        """``nbytes`` over the computation time (``avg``) and over the wall time (``wall``)."""
+        seconds = {"avg": self.compute_seconds, "wall": self.wall}
+        return {name: nbytes / s for name, s in seconds.items() if s > 0}
+
 
 class PipelineMeter:
     """Throughput, compression ratios, bytes, bandwidth and bubble of a pipeline over windows.
@@ -190,10 +205,13 @@ class PipelineMeter:
         >>> client, server = PipelineStats(), PipelineStats()
         >>> client.link(LinkKey("send", 1, "activation")).add(1000, 4000)
         >>> server.link(LinkKey("recv", 0, "activation")).add(1000, 4000, seconds=0.001)
+        >>> client.add_compute(0, 0.5); server.add_compute(1, 1.25)
         >>> meter.update(Measurement(time=2.0, wall=2.5, batches=4, samples=128, ranks={0: client, 1: server}))
         >>> m = meter.compute()
-        >>> m["throughput_samples_per_s"], m["ratio/activation/cut0"], m["bandwidth_avg/activation/0->1"]
-        (64.0, 0.25, 400.0)
+        >>> m["throughput_samples_per_s"], m["ratio/activation/cut0"], m["compute_s"]
+        (64.0, 0.25, 1.25)
+        >>> m["bandwidth_avg/activation/0->1"], m["bandwidth_wall/activation/0->1"]
+        (800.0, 400.0)
         >>> meter.mark("step")   # the next compute("step") starts here
     """
 
@@ -238,9 +256,11 @@ class PipelineMeter:
         """Metrics of the window since mark ``since`` (the start if ``None`` or never marked).
 
         Keys (``B`` bytes, ``s`` seconds; ``<link>`` like ``activation/0->1``):
-        ``throughput_samples_per_s``, ``throughput_batches_per_s``; ``ratio`` (activations and
-        gradients), ``ratio/activation``, ``ratio/gradient``, ``ratio/<kind>/cut<c>``,
-        ``ratio/input``; ``bytes/<link>``, ``bandwidth_avg/<link>``, ``bandwidth_peak/<link>`` (B/s);
+        ``throughput_samples_per_s``, ``throughput_batches_per_s``; ``ratio`` (every byte sent,
+        raw inputs included), ``ratio/activation``, ``ratio/gradient``, ``ratio/input``,
+        ``ratio/<kind>/cut<c>``, ``rank<r>/ratio`` (what rank ``r`` sends); ``bytes/<link>``;
+        ``compute_s`` (the computation time), ``bandwidth_avg/<link>`` (B / computation time),
+        ``bandwidth_wall/<link>`` (B / wall time), ``bandwidth_peak/<link>`` (B/s);
         ``rank<r>/bytes_sent``, ``rank<r>/bytes_received``; ``stage<s>/compute_s``;
         ``rank<r>/wait_s``, ``rank<r>/bubble``, ``bubble``; ``rank<r>/cache_bytes`` (memory of
         the delta-compression caches, where there are any). A ratio of a window without
@@ -251,28 +271,15 @@ class PipelineMeter:
         if w.time > 0:
             out["throughput_samples_per_s"] = w.samples / w.time
             out["throughput_batches_per_s"] = w.batches / w.time
-        totals = {kind: LinkCounter() for kind in (*_CODED, "input")}
-        for link in self.links:
-            sent = w.sent(link)
-            totals[link.kind].merge(sent)
-            if sent.raw_bytes:
-                for cut in link.cuts:
-                    out[f"ratio/{link.kind}/cut{cut}"] = sent.ratio
-        coded = LinkCounter()
-        for kind in _CODED:
-            coded.merge(totals[kind])
-            if totals[kind].raw_bytes:
-                out[f"ratio/{kind}"] = totals[kind].ratio
-        if coded.raw_bytes:
-            out["ratio"] = coded.ratio
-        if totals["input"].raw_bytes:
-            out["ratio/input"] = totals["input"].ratio
+        out.update(self._ratios(w))
+        if w.compute_seconds > 0:
+            out["compute_s"] = w.compute_seconds
         for link in self.links:
             sent = w.sent(link)
             out[f"bytes/{link.label}"] = float(sent.bytes)
-            if w.wall > 0:
-                out[f"bandwidth_avg/{link.label}"] = sent.bytes / w.wall
-            peak = w.received(link).peak_bytes_per_second
+            for name, rate in w.rates(sent.bytes).items():
+                out[f"bandwidth_{name}/{link.label}"] = rate
+            peak = max(sent.peak_bytes_per_second, w.received(link).peak_bytes_per_second)
             if peak > 0:
                 out[f"bandwidth_peak/{link.label}"] = peak
         for rank in sorted(w.ranks):
@@ -292,6 +299,16 @@ class PipelineMeter:
             out["bubble"] = sum(s.wait_seconds for s in w.ranks.values()) / busy
         return out
 
+    def _ratios(self, w: _Window) -> dict[str, float]:
+        """Wire bytes / raw bytes: per cut and direction, per kind, per sending rank and overall."""
+        groups: dict[str, LinkCounter] = {}
+        for link in self.links:
+            sent = w.sent(link)
+            for name in (f"ratio/{link.kind}", f"rank{link.src}/ratio", "ratio",
+                         *(f"ratio/{link.kind}/cut{cut}" for cut in link.cuts)):
+                groups.setdefault(name, LinkCounter()).merge(sent)
+        return {name: counter.ratio for name, counter in sorted(groups.items()) if counter.raw_bytes}
+
     def summary(self) -> dict[str, Any]:
         """The whole run so far as plain data (JSON-serializable); see :func:`format_summary`."""
         w = self._window(None)
@@ -303,14 +320,14 @@ class PipelineMeter:
                 "kind": link.kind, "src": link.src, "dst": link.dst, "cuts": list(link.cuts),
                 "messages": sent.messages, "bytes_sent": sent.bytes, "bytes_received": received.bytes,
                 "raw_bytes": sent.raw_bytes, "ratio": sent.ratio if sent.raw_bytes else None,
-                "bandwidth_avg": sent.bytes / w.wall if w.wall > 0 else None,
-                "bandwidth_peak": received.peak_bytes_per_second or None,
+                **{f"bandwidth_{name}": w.rates(sent.bytes).get(name) for name in ("avg", "wall")},
+                "bandwidth_peak": max(sent.peak_bytes_per_second, received.peak_bytes_per_second) or None,
             }
         ranks = {}
         for rank in sorted(w.ranks):
             stats = w.ranks[rank]
             ranks[rank] = {
-                "stages": list(self.plan.stages_of(rank)),
+                "stages": list(self.plan.stages_of(rank)), "ratio": metrics.get(f"rank{rank}/ratio"),
                 "bytes_sent": stats.total("send").bytes, "bytes_received": stats.total("recv").bytes,
                 "compute_s": stats.busy_seconds, "wait_s": stats.wait_seconds, "bubble": stats.bubble_fraction, "cache_bytes": stats.cache_bytes,
             }
@@ -321,11 +338,13 @@ class PipelineMeter:
             "samples": w.samples,
             "train_seconds": w.time,
             "wall_seconds": w.wall,
+            "compute_seconds": w.compute_seconds,
             "throughput_samples_per_s": metrics.get("throughput_samples_per_s"),
             "throughput_batches_per_s": metrics.get("throughput_batches_per_s"),
             "ratio": metrics.get("ratio"),
             "ratio_activation": metrics.get("ratio/activation"),
             "ratio_gradient": metrics.get("ratio/gradient"),
+            "ratio_input": metrics.get("ratio/input"),
             "bytes": sum(link["bytes_sent"] for link in links.values()),
             "links": links,
             "stages": {
@@ -355,25 +374,26 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     lines = [
         f"pipeline {summary['placement']}, stage ranks {summary['stage_ranks']}: {summary['batches']} batches,"
         f" {summary['samples']} samples in {summary['train_seconds']:.2f} s of training"
-        f" ({summary['wall_seconds']:.2f} s wall)",
+        f" ({summary['wall_seconds']:.2f} s wall, {summary['compute_seconds']:.2f} s of computation on the busiest rank)",
         f"throughput {_num(summary['throughput_samples_per_s'], '.1f')} samples/s,"
         f" {_num(summary['throughput_batches_per_s'], '.2f')} batches/s",
-        f"compression ratio {_num(summary['ratio'])} (activations {_num(summary['ratio_activation'])},"
-        f" gradients {_num(summary['ratio_gradient'])}); {_bytes(summary['bytes'])} on the wire",
+        f"compression ratio {_num(summary['ratio'])} of every byte sent (activations {_num(summary['ratio_activation'])},"
+        f" gradients {_num(summary['ratio_gradient'])}, raw inputs {_num(summary['ratio_input'])});"
+        f" {_bytes(summary['bytes'])} on the wire",
         "",
     ]
-    rows = [("link", "codec", "messages", "bytes", "ratio", "avg bw/s", "peak bw/s")]
+    rows = [("link", "codec", "messages", "bytes", "ratio", "avg bw/s", "wall bw/s", "peak bw/s")]
     for label, link in summary["links"].items():
         rows.append((
             label, link.get("codec", "-"), str(link["messages"]), _bytes(link["bytes_sent"]), _num(link["ratio"]),
-            _bytes(link["bandwidth_avg"]), _bytes(link["bandwidth_peak"]),
+            _bytes(link["bandwidth_avg"]), _bytes(link["bandwidth_wall"]), _bytes(link["bandwidth_peak"]),
         ))
-    rows.append(("", "", "", "", "", "", ""))
-    rows.append(("rank", "stages", "compute s", "wait s", "bubble", "sent", "received"))
+    rows.append(("",) * 8)
+    rows.append(("rank", "stages", "compute s", "wait s", "bubble", "sent", "received", "ratio"))
     for rank, r in summary["ranks"].items():
         rows.append((
             str(rank), ",".join(map(str, r["stages"])), f"{r['compute_s']:.3f}", f"{r['wait_s']:.3f}",
-            f"{r['bubble']:.3f}", _bytes(r["bytes_sent"]), _bytes(r["bytes_received"]),
+            f"{r['bubble']:.3f}", _bytes(r["bytes_sent"]), _bytes(r["bytes_received"]), _num(r["ratio"]),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

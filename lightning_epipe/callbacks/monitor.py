@@ -16,6 +16,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_epipe.callbacks.collect import gather_stats
+from lightning_epipe.callbacks.loggers import define_wandb_axes, log_link_table, log_pipeline_config, pipeline_config
 from lightning_epipe.callbacks.meter import Measurement, PipelineMeter, Stopwatch, format_summary, stats_delta
 from lightning_epipe.strategy.epipe import EPipeStrategy
 from lightning_epipe.strategy.stats import PipelineStats
@@ -31,10 +32,16 @@ class EPipeMonitor(Callback):
     ``epipe_epoch/<metric>``; samples/s and the overall ratio also show in the progress
     bar. ``<metric>`` is a key of :meth:`PipelineMeter.compute`, e.g.
     ``epipe/throughput_samples_per_s``, ``epipe/ratio``, ``epipe/ratio/activation/cut0``,
-    ``epipe/bytes/activation/0->1``, ``epipe/bandwidth_avg/gradient/1->0`` (bytes/s),
+    ``epipe/bytes/activation/0->1``, ``epipe/bandwidth_avg/gradient/1->0`` (bytes / computation
+    time, the report's average bandwidth), ``epipe/bandwidth_wall/...`` (bytes / wall time),
     ``epipe/bandwidth_peak/...`` (the run's peak so far), ``epipe/stage0/compute_s``,
     ``epipe/rank1/wait_s``, ``epipe/rank1/bubble``, ``epipe/bubble``. :meth:`summary` and
     :meth:`format_summary` report the whole run.
+
+    Every logger also gets the pipeline plan as the hyperparameters ``epipe`` (placement,
+    balance, stage ranks, codecs per cut, chunks, schedule); a ``WandbLogger`` gets the axes
+    of the metrics and, at the end of fit, the per-link table ``epipe/links``
+    (see :mod:`lightning_epipe.callbacks.loggers`).
 
     Gathering the servers' counters is a collective at those hooks; every rank takes part,
     no other step costs anything.
@@ -137,6 +144,10 @@ class EPipeMonitor(Callback):
         self._codecs = strategy.compressor_description()
         self._base = self._local_stats(strategy)
         self._batches = self._samples = 0
+        if trainer.is_global_zero:
+            config = pipeline_config(strategy.plan, self._codecs, strategy.chunks, strategy.schedule, strategy.replicas)
+            log_pipeline_config(trainer.loggers, config)
+            define_wandb_axes(trainer.loggers, self.prefix, self.epoch_prefix)
         self._wall_start = time.perf_counter()  # first: wall time >= training time
         self._watch.start()
 
@@ -189,6 +200,11 @@ class EPipeMonitor(Callback):
         self._meter.mark("epoch")
         self._meter.mark("step")
         self._log(trainer, metrics, self.epoch_prefix)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.is_global_zero and self._meter is not None and self._meter.latest.ranks:
+            log_link_table(trainer.loggers, f"{self.prefix}/links", self.summary())
 
     # ------------------------------------------------------------------ results
 

@@ -5,7 +5,8 @@
 Lightning's launcher re-runs this script once per rank. The cuts carry activations of
 different widths (256, 128, 64 columns), so every link has its own known message size.
 Rank 0 writes to ``DIR/result.json`` the monitor's summary, its own raw link counters and
-the progress-bar metrics; the CSVLogger writes ``DIR/csv/version_0/metrics.csv``.
+the progress-bar metrics; the CSVLogger writes ``DIR/csv/version_0/metrics.csv``, the
+TensorBoardLogger ``DIR/tb`` and the offline WandbLogger ``DIR/wandb/offline-run-*``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -62,6 +63,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--placement", default="client-server")
     p.add_argument("--validate", action="store_true", help="one validation batch at each epoch end")
+    p.add_argument("--wandb", action="store_true", help="a WandbLogger too, offline, under DIR/wandb")
     args = p.parse_args()
     out = Path(args.out)
 
@@ -77,6 +79,8 @@ def main() -> None:
     loggers = [CSVLogger(out, name="csv")]
     if args.validate:
         loggers.append(TensorBoardLogger(out, name="tb"))
+    if args.wandb:
+        loggers.append(WandbLogger(project="epipe-tests", save_dir=out, offline=True))
     trainer = L.Trainer(
         accelerator="cpu", devices=3, strategy=strategy, max_steps=STEPS, log_every_n_steps=2, logger=loggers,
         callbacks=[monitor], enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,

@@ -76,24 +76,32 @@ def test_ratio_per_cut_direction_and_overall():
     assert m["ratio"] == pytest.approx((250 + 1000 + 1000) / 5000)
 
 
-def test_raw_inputs_are_counted_as_bytes_but_not_in_the_compression_ratio():
+def test_ratio_counts_every_byte_sent_raw_inputs_included():
     meter = PipelineMeter(plan_pipeline(4, 2, [1, 3], "chain"))
     client, server = PipelineStats(), PipelineStats()
     send(client, 1, "input", 1100, 1000)
+    send(client, 1, "gradient", 500, 1000)
     send(server, 0, "activation", 300, 1000)
     meter.update(Measurement(ranks={0: client, 1: server}))
     m = meter.compute()
-    assert m["ratio/input"] == pytest.approx(1.1)
-    assert m["ratio"] == m["ratio/activation"] == pytest.approx(0.3)
-    assert m["bytes/input/0->1"] == 1100 and m["rank0/bytes_sent"] == 1100
+    assert m["ratio"] == pytest.approx((1100 + 500 + 300) / 3000)
+    assert m["ratio/input"] == pytest.approx(1.1) and m["ratio/activation"] == pytest.approx(0.3)
+    assert m["ratio/gradient"] == pytest.approx(0.5)
+    assert m["rank0/ratio"] == pytest.approx((1100 + 500) / 2000) and m["rank1/ratio"] == pytest.approx(0.3)
+    assert m["bytes/input/0->1"] == 1100 and m["rank0/bytes_sent"] == 1600
 
 
-def test_bandwidth_average_over_the_window_and_peak_at_the_receiver():
+def test_average_bandwidth_is_bytes_over_computation_time_and_the_wall_rate_its_own():
+    ranks = two_ranks(act_bytes=300, grad_bytes=500, times=4)
+    ranks[0].add_compute(0, 0.25)
+    ranks[0].add_compute(2, 0.25)
+    ranks[1].add_compute(1, 0.75)  # the busiest rank: 0.75 s of computation
     meter = PipelineMeter(CLIENT_SERVER)
-    meter.update(Measurement(time=1.5, wall=2.0, ranks=two_ranks(act_bytes=300, grad_bytes=500, times=4)))
+    meter.update(Measurement(time=1.5, wall=2.0, ranks=ranks))
     m = meter.compute()
-    assert m["bytes/activation/0->1"] == 1200
-    assert m["bandwidth_avg/activation/0->1"] == pytest.approx(1200 / 2.0)  # wall time, not training time
+    assert m["bytes/activation/0->1"] == 1200 and m["compute_s"] == 0.75
+    assert m["bandwidth_avg/activation/0->1"] == pytest.approx(1200 / 0.75)
+    assert m["bandwidth_wall/activation/0->1"] == pytest.approx(1200 / 2.0)
     assert m["bandwidth_peak/activation/0->1"] == pytest.approx(300 / 0.01)
     assert m["bandwidth_peak/gradient/1->0"] == pytest.approx(500 / 0.1)
     assert m["rank0/bytes_sent"] == m["rank0/bytes_received"] == 4 * (300 + 500)
@@ -139,10 +147,12 @@ def test_windows_count_from_their_mark_and_peaks_stay_the_run_maximum():
     later = two_ranks(act_bytes=300, times=2)
     recv(later[1], 0, "activation", 300, 1000, 0.1, times=3)  # slower transfers in the new window
     send(later[0], 1, "activation", 300, 1000, times=3)
+    later[1].add_compute(1, 2.0)
     meter.update(Measurement(time=4.0, wall=5.0, batches=5, samples=160, ranks=later))
     window = meter.compute("step")
     assert window["bytes/activation/0->1"] == 900
-    assert window["bandwidth_avg/activation/0->1"] == pytest.approx(900 / 4.0)
+    assert window["bandwidth_avg/activation/0->1"] == pytest.approx(900 / 2.0)
+    assert window["bandwidth_wall/activation/0->1"] == pytest.approx(900 / 4.0)
     assert window["throughput_samples_per_s"] == pytest.approx(96 / 3.0)
     assert window["bandwidth_peak/activation/0->1"] == pytest.approx(300 / 0.01)  # the first window's transfer
     assert window["bytes/gradient/1->0"] == 0
@@ -204,7 +214,9 @@ def test_summary_is_plain_data_and_formats_as_a_table():
     json.dumps(summary)
     link = summary["links"]["activation/0->1"]
     assert (link["messages"], link["bytes_sent"], link["bytes_received"], link["raw_bytes"]) == (4, 1200, 1200, 4000)
-    assert link["ratio"] == pytest.approx(0.3) and link["bandwidth_avg"] == pytest.approx(600)
+    assert link["ratio"] == pytest.approx(0.3) and link["bandwidth_avg"] == pytest.approx(1200 / 1.0)
+    assert link["bandwidth_wall"] == pytest.approx(600) and summary["compute_seconds"] == 1.0
+    assert summary["ranks"][0]["ratio"] == pytest.approx(0.4)
     assert summary["bytes"] == 4 * 2 * (300 + 500)
     assert summary["throughput_samples_per_s"] == 32.0 and summary["ranks"][0]["bubble"] == pytest.approx(0.5)
     assert summary["stages"][1] == {"rank": 1, "compute_s": 0.0}

@@ -102,11 +102,14 @@ def test_client_logs_windows_since_the_previous_log_and_the_epoch():
     drive(run)
     first, second, epoch = run.logged()
     assert first["epipe/throughput_samples_per_s"] == 32.0 and first["epipe/throughput_batches_per_s"] == 1.0
-    assert first["epipe/bytes/activation/0->1"] == 2000 and first["epipe/bandwidth_avg/activation/0->1"] == 1000.0
+    assert first["epipe/bytes/activation/0->1"] == 2000 and first["epipe/compute_s"] == 0.5
+    assert first["epipe/bandwidth_avg/activation/0->1"] == 2000 / 0.5  # over the computation time
+    assert first["epipe/bandwidth_wall/activation/0->1"] == 1000.0
     assert first["epipe/ratio/activation/cut0"] == 0.25 and first["epipe/ratio"] == 0.25
     assert first["epipe/bandwidth_peak/activation/0->1"] == pytest.approx(1e6)  # the server's receive timing
     assert second["epipe/throughput_samples_per_s"] == 32.0  # validation left out
-    assert second["epipe/bandwidth_avg/activation/0->1"] == pytest.approx(2000 / 5.0)  # but not from the wall time
+    assert second["epipe/bandwidth_wall/activation/0->1"] == pytest.approx(2000 / 5.0)  # but not from the wall time
+    assert second["epipe/bandwidth_avg/activation/0->1"] == pytest.approx(2000 / 0.5)  # nor from the computation
     assert epoch["epipe_epoch/throughput_samples_per_s"] == pytest.approx(128 / 5.0)
     assert epoch["epipe_epoch/bytes/activation/0->1"] == 4000
     assert epoch["epipe_epoch/stage0/compute_s"] == pytest.approx(1.0)

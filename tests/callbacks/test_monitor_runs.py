@@ -2,7 +2,8 @@
 
 ``monitored_run.py`` trains 4 steps of 2 micro-batches of 16 rows (3 batches an epoch, so
 the run crosses an epoch boundary) and logs every 2 steps to a CSVLogger. Each message on a
-link is the transport header plus the codec packet of one [16, width] float32 tensor.
+link is the transport header plus the codec packet of one [16, width] float32 tensor (the
+size notices that announce a frame of a new size are protocol overhead, not counted).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import yaml
 
+from examples.common import wandb_offline
+from lightning_epipe.callbacks.loggers import LINK_COLUMNS
 from lightning_epipe.compressors import get_compressor
 from lightning_epipe.strategy.wire import HEADER_LEN
 from tests.callbacks.monitored_run import BATCH, CHUNKS, STEPS
@@ -22,7 +26,7 @@ from tests.helpers import ROOT, run_ranks
 
 SCRIPT = ROOT / "tests" / "callbacks" / "monitored_run.py"
 ROWS = BATCH // CHUNKS
-RUNS = {"client-server": [], "chain": ["--placement", "chain", "--validate"]}
+RUNS = {"client-server": [], "chain": ["--placement", "chain", "--validate", "--wandb"]}
 
 # link -> (codec, columns of the tensor it carries); client-server: none | sortquant 8 | none
 LINKS = {
@@ -91,7 +95,7 @@ def test_logged_bytes_are_header_plus_packet_per_message(runs, placement):
         link = run["summary"]["links"][label]
         microbatches = CHUNKS * (STEPS + (validation and forward))
         assert link["messages"] == microbatches * per_microbatch, label
-        assert link["bytes_sent"] == link["bytes_received"] == size * microbatches, label  # both ends, gathered
+        assert link["bytes_sent"] == link["bytes_received"] == size * microbatches, label  # both ends
 
 
 @pytest.mark.parametrize("placement", list(RUNS))
@@ -120,8 +124,16 @@ def test_ratio_is_slightly_above_one_without_compression_and_near_a_quarter_with
     overall = sum(link["bytes_sent"] for link in links) / sum(link["raw_bytes"] for link in links)
     assert run["summary"]["ratio"] == pytest.approx(overall)
     assert runs["chain"]["summary"]["links"]["input/0->1"]["codec"] == "raw"
-    assert 1.0 < runs["chain"]["summary"]["links"]["input/0->1"]["ratio"] < 1.2  # headers + layout on 4x32 floats
-    assert 0.25 <= runs["chain"]["summary"]["ratio"] <= 0.3  # the raw inputs are not in it
+    chain = runs["chain"]["summary"]
+    assert 1.0 < chain["links"]["input/0->1"]["ratio"] < 1.2  # headers + layout on 4x32 floats
+    assert 0.25 <= chain["ratio_activation"] <= 0.3 and 0.25 <= chain["ratio_gradient"] <= 0.3
+    every_byte = sum(link["bytes_sent"] for link in chain["links"].values())
+    assert chain["ratio"] == pytest.approx(every_byte / sum(link["raw_bytes"] for link in chain["links"].values()))
+    assert chain["ratio"] > chain["ratio_activation"]  # the raw inputs are in it
+    assert chain["ranks"]["0"]["ratio"] == pytest.approx(  # JSON keys
+        sum(link["bytes_sent"] for link in chain["links"].values() if link["src"] == 0)
+        / sum(link["raw_bytes"] for link in chain["links"].values() if link["src"] == 0)
+    )
 
 
 @pytest.mark.parametrize("placement", list(RUNS))
@@ -134,7 +146,11 @@ def test_throughput_bandwidth_and_bubble_are_measured(runs, placement):
         assert row["epipe/throughput_samples_per_s"] > 0 and row["epipe/throughput_batches_per_s"] > 0
     for label, link in summary["links"].items():
         assert link["bandwidth_avg"] > 0 and link["bandwidth_peak"] > 0, label  # peaks come from every receiver
-        assert link["bandwidth_avg"] == pytest.approx(link["bytes_sent"] / summary["wall_seconds"])
+        assert link["bandwidth_avg"] == pytest.approx(link["bytes_sent"] / summary["compute_seconds"])
+        assert link["bandwidth_wall"] == pytest.approx(link["bytes_sent"] / summary["wall_seconds"])
+    busiest = max(rank["compute_s"] for rank in summary["ranks"].values())
+    assert summary["compute_seconds"] == pytest.approx(busiest)
+    assert 0 < summary["compute_seconds"] < summary["wall_seconds"]
     for stage in summary["stages"].values():
         assert stage["compute_s"] > 0
     for rank in summary["ranks"].values():
@@ -145,4 +161,39 @@ def test_throughput_bandwidth_and_bubble_are_measured(runs, placement):
 
 
 def test_tensorboard_logger_gets_the_metrics_too(runs):
-    assert list((runs["chain"]["out"] / "tb").rglob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = (runs["chain"]["out"] / "tb").rglob("events.out.tfevents.*")
+    board = EventAccumulator(str(events))
+    board.Reload()
+    logged = [e.value for e in board.Scalars("epipe/ratio")]
+    assert logged == pytest.approx([row["epipe/ratio"] for row in runs["chain"]["steps"]])
+    assert "epipe_epoch/bandwidth_avg/input/0->1" in board.Tags()["scalars"]
+
+
+def test_every_logger_gets_the_pipeline_plan(runs):
+    hparams = yaml.safe_load((runs["chain"]["out"] / "csv" / "version_0" / "hparams.yaml").read_text())
+    assert hparams["epipe"] == {
+        "placement": "chain", "ranks": 3, "balance": [2, 2, 3], "stage_ranks": [1, 2, 0],
+        "codecs": runs["chain"]["summary"]["compressors"], "chunks": CHUNKS, "schedule": "gpipe", "replicas": 1,
+    }
+    (run_dir,) = (runs["chain"]["out"] / "wandb").glob("offline-run-*")
+    assert wandb_offline.config(run_dir)["epipe"] == hparams["epipe"]
+
+
+def test_wandb_gets_the_axes_the_metrics_and_the_link_table(runs):
+    (run_dir,) = (runs["chain"]["out"] / "wandb").glob("offline-run-*")
+    axes = wandb_offline.metric_axes(run_dir)
+    assert axes["epipe/*"] == "trainer/global_step" and axes["epipe_epoch/*"] == "epoch"
+    rows = wandb_offline.history(run_dir)
+    steps = [row for row in rows if "epipe/ratio" in row]
+    assert [row["trainer/global_step"] for row in steps] == [row["step"] for row in runs["chain"]["steps"]]
+    assert [row["epipe/ratio"] for row in steps] == pytest.approx([row["epipe/ratio"] for row in runs["chain"]["steps"]])
+    (table,) = [row["epipe/links/path"] for row in rows if "epipe/links/path" in row]  # nested keys joined by /
+    content = json.loads((run_dir / "files" / table).read_text())
+    assert content["columns"] == list(LINK_COLUMNS)
+    summary = runs["chain"]["summary"]
+    assert [row[0] for row in content["data"]] == list(summary["links"])
+    for row in content["data"]:
+        link = summary["links"][row[0]]
+        assert dict(zip(LINK_COLUMNS[3:], row[3:])) == pytest.approx({c: link[c] for c in LINK_COLUMNS[3:]})

@@ -6,7 +6,10 @@ import pytest
 from transformers import RobertaConfig
 
 from examples.common import run_cli
+from examples.digits.data import DigitsDataModule
+from examples.digits.model import DigitsClassifier
 from examples.mobilenet.model import mobilenet_layers
+from lightning_epipe.callbacks import EPipeMonitor
 from tests.examples.helpers import ALL_CONFIGS, config_id, load_yaml, uses_epipe
 
 EPIPE_CONFIGS = [case for case in ALL_CONFIGS if uses_epipe(load_yaml(case[1]))]
@@ -34,8 +37,20 @@ def test_config_parses_and_instantiates(case, tmp_path, monkeypatch):
 
     assert isinstance(cli.model, example.model_class)
     assert cli.model.hparams.num_classes == cli.datamodule.num_classes
+    monitors = [c for c in cli.trainer.callbacks if isinstance(c, EPipeMonitor)]
     if uses_epipe(load_yaml(path)):
         assert type(cli.trainer.strategy).__name__ == "EPipeStrategy"
+        assert len(monitors) == 1  # every pipelined run logs EPipe's metrics
+    else:
+        assert monitors == []  # nothing to measure without the pipeline
+
+
+@pytest.mark.parametrize(("args", "monitors"), [([], 1), (["--trainer.callbacks=[]"], 0)])
+def test_cli_adds_the_monitor_unless_removed(args, monitors, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["main.py"])
+    cli = run_cli(DigitsClassifier, DigitsDataModule, args, run=False)
+    assert sum(isinstance(c, EPipeMonitor) for c in cli.trainer.callbacks) == monitors
 
 
 @pytest.mark.parametrize("case", EPIPE_CONFIGS, ids=config_id)
