@@ -37,12 +37,9 @@ from lightning_epipe.strategy.schedule import rank_tasks, rank_tasks_1f1b, recom
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.timing import ComputeTimer
 from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.wire import Command, Flag, Header, Kind, StepFlag, WireError
+from lightning_epipe.strategy.wire import Command, Direction, Flag, Header, Kind, StepFlag, WireError
 
 __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage"]
-
-_KIND_NAMES = {Kind.ACTIVATION: "activation", Kind.GRADIENT: "gradient", Kind.INPUT: "input"}
-
 
 def _finite(t: Tensor) -> bool:
     """Whether ``t`` holds no NaN/Inf: one read for the sum (non-finite whenever ``t`` is), an
@@ -131,6 +128,8 @@ class PipelineRuntime:
         self._hooked: dict[int, list[Optional[Tensor]]] = {}  # GPipe: last-stage input gradients autograd produced
         self._hook_handles: list[Any] = []
         self._next_hooked = -1  # GPipe: the next micro-batch whose last-stage gradients go upstream
+        self._input_layout_sent: Optional[dict] = None  # chain placement: the raw inputs' structure, as last sent
+        self._input_layout: Optional[dict] = None  # ... and as last received
 
     def _stage_module(self, s: int, layers: nn.Sequential, pairs: dict[int, BottleneckPair]) -> nn.Sequential:
         """Stage ``s``'s layers, after the decoder of the cut before it and before the encoder of the cut after it."""
@@ -159,9 +158,7 @@ class PipelineRuntime:
     def command(self, command: Command, num_microbatches: int = 0, arg: int = 0, flags: int = 0) -> None:
         """Client only: tell every server what to do next."""
         for peer in range(1, self.plan.num_ranks):
-            # the command's argument (an optimizer index) rides in the micro-batch field
-            header = Header(Kind.CONTROL, self.step, arg, num_microbatches, 0, 1, flags, 0, 0, arg=command)
-            self.transport.send(peer, header)
+            self.transport.send(peer, Header.command(command, self.step, num_microbatches, flags, optimizer=arg))
 
     def next_command(self) -> ControlMessage:
         """Server only: wait for the client's next command."""
@@ -186,8 +183,7 @@ class PipelineRuntime:
         """Client only: tell every server which dataset samples this step's batch holds (ids [B] int64)."""
         payload = ids.to(device=self.transport.device, dtype=torch.int64).contiguous().view(torch.uint8)
         for peer in range(1, self.plan.num_ranks):
-            header = Header(Kind.SAMPLES, self.step, 0, self.num_microbatches, 0, 1, 0, payload.numel(), 0, arg=num_samples)
-            self.transport.send(peer, header, payload)
+            self.transport.send(peer, Header.sample_ids(self.step, self.num_microbatches, num_samples), payload)
 
     def recv_sample_ids(self) -> tuple[Tensor, int]:
         """Server only: the ids [B] the client sent for this step, and the training set's size."""
@@ -377,7 +373,7 @@ class PipelineRuntime:
             self._send_one(kind, peer, cut, mb, j, n, t.detach(), flags)
 
     def _send_one(self, kind: Kind, peer: int, cut: int, mb: int, j: int, n: int, t: Tensor, flags: int) -> None:
-        direction = "gradient" if kind == Kind.GRADIENT else "activation"
+        direction = Direction.GRADIENT if kind == Kind.GRADIENT else Direction.ACTIVATION
         codec = self.codecs.raw if kind == Kind.INPUT else self._bound(self.codecs.get(direction, cut, mb, j, t), mb)
         if kind != Kind.INPUT and j == 0 and t.is_floating_point() and self.codecs.is_auto(direction, cut):
             self.samples[(direction, cut)] = t  # what compressor="auto" profiles the codecs on
@@ -386,10 +382,9 @@ class PipelineRuntime:
             flags |= Flag.NONFINITE
         with torch.autocast(t.device.type, enabled=False):  # codecs compute in the tensor's own dtype
             buf = codec.encode(t).to_bytes()
-        header = Header(kind, self.step, mb, self.num_microbatches, j, n, flags, buf.numel(), 0)
-        nbytes = self.transport.send(peer, header, buf)
+        nbytes = self.transport.send(peer, Header.data(kind, self.step, mb, self.num_microbatches, j, n, flags), buf)
         raw = t.numel() * t.element_size() if kind == Kind.INPUT else self._raw_bytes(cut, j, t)
-        self.stats.link(LinkKey("send", peer, _KIND_NAMES[kind])).add(nbytes, raw)
+        self.stats.link(LinkKey("send", peer, Direction.of(kind))).add(nbytes, raw)
 
     def _bound(self, codec: Compressor, mb: int) -> Compressor:
         """A delta codec learns the sample ids of micro-batch ``mb`` (``None`` outside training)."""
@@ -401,7 +396,7 @@ class PipelineRuntime:
         """Raise, or (``nonfinite="skip"``) mark the step and send the values raw so NaN stays NaN."""
         stage = cut if kind == Kind.ACTIVATION else cut + 1
         bad = int((~torch.isfinite(t)).sum())
-        where = f"{bad} NaN/Inf values in the {_KIND_NAMES[kind]} leaving stage {stage} (rank {self.rank}) at step {self.step}, micro-batch {mb}"
+        where = f"{bad} NaN/Inf values in the {Direction.of(kind)} leaving stage {stage} (rank {self.rank}) at step {self.step}, micro-batch {mb}"
         if self.nonfinite == "raise":
             raise NonFiniteActivation(
                 f"{where}. Lower the learning rate, clip gradients or check the inputs; or pass"
@@ -416,7 +411,7 @@ class PipelineRuntime:
         return self.codecs.raw
 
     def _recv(self, kind: Kind, peer: int, cut: int, mb: int, grad: bool) -> tuple[list[Tensor], bool]:
-        what = f"{_KIND_NAMES[kind]} of step {self.step}, micro-batch {mb}"
+        what = f"{Direction.of(kind)} of step {self.step}, micro-batch {mb}"
         tensors, bare, count, j = [], False, 1, 0
         while j < count:
             got = self.transport.recv(peer, what, kind=kind, step=self.step, microbatch=mb, index=j)
@@ -426,15 +421,15 @@ class PipelineRuntime:
             elif h.count != count:
                 raise WireError(f"{self.transport.link(peer, False)}: {what}: message count changed from {count} to {h.count}")
             self._prepost_next(peer, kind, mb, j, count, 1)
-            t = self._decode(got.payload, "activation", cut, mb, j, peer, what)
-            self.stats.link(LinkKey("recv", peer, _KIND_NAMES[kind])).add(got.nbytes, self._raw_bytes(cut, j, t))
+            t = self._decode(got.payload, Direction.ACTIVATION, cut, mb, j, peer, what)
+            self.stats.link(LinkKey("recv", peer, Direction.of(kind))).add(got.nbytes, self._raw_bytes(cut, j, t))
             if grad and h.flags & Flag.REQUIRES_GRAD:
                 t = t.detach().requires_grad_()
             tensors.append(t)
             j += 1
         return tensors, bare
 
-    def _decode(self, payload: Optional[Tensor], direction: str, cut: int, mb: int, j: int, peer: int, what: str) -> Tensor:
+    def _decode(self, payload: Optional[Tensor], direction: Direction, cut: int, mb: int, j: int, peer: int, what: str) -> Tensor:
         link = self.transport.link(peer, False)
         if payload is None:
             raise WireError(f"{link}: {what}: message {j} has no payload")
@@ -460,9 +455,9 @@ class PipelineRuntime:
         for j, leaf in enumerate(leaves):
             grad = leaf.grad if grads is None else grads[j]
             if grad is None:
-                header = Header(Kind.GRADIENT, self.step, mb, self.num_microbatches, j, n, Flag.NO_GRAD, 0, 0)
+                header = Header.data(Kind.GRADIENT, self.step, mb, self.num_microbatches, j, n, Flag.NO_GRAD)
                 nbytes = self.transport.send(peer, header)
-                self.stats.link(LinkKey("send", peer, "gradient")).add(nbytes, 0)
+                self.stats.link(LinkKey("send", peer, Direction.GRADIENT)).add(nbytes, 0)
             else:
                 self._send_one(Kind.GRADIENT, peer, cut, mb, j, n, grad, Flag.NONE)
             leaf.grad = None
@@ -475,46 +470,59 @@ class PipelineRuntime:
             self._prepost_next(peer, Kind.GRADIENT, mb, j, expected, 1 if self._one_f_one_b else -1)
             if got.header.flags & Flag.NO_GRAD:
                 grads.append(None)
-                self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, 0)
+                self.stats.link(LinkKey("recv", peer, Direction.GRADIENT)).add(got.nbytes, 0)
                 continue
-            g = self._decode(got.payload, "gradient", cut, mb, j, peer, what)
-            self.stats.link(LinkKey("recv", peer, "gradient")).add(got.nbytes, self._raw_bytes(cut, j, g))
+            g = self._decode(got.payload, Direction.GRADIENT, cut, mb, j, peer, what)
+            self.stats.link(LinkKey("recv", peer, Direction.GRADIENT)).add(got.nbytes, self._raw_bytes(cut, j, g))
             grads.append(g)
         return grads
 
     # ------------------------------------------------------------------ raw inputs (chain placement)
 
     def _send_input(self, mb: Batch, i: int) -> None:
+        """Micro-batch ``i``'s raw inputs to the first stage: one message per tensor, led by a
+        ``LAYOUT`` message (its structure as JSON) only when the structure changed."""
         peer = self.plan.input_rank
         if isinstance(mb, Tensor):
-            layout, tensors = {"type": "tensor"}, [mb]
+            layout, tensors = {"type": "tensor", "count": 1}, [mb]
         elif isinstance(mb, dict):
-            layout, tensors = {"type": "dict", "keys": list(mb)}, list(mb.values())
+            layout, tensors = {"type": "dict", "keys": list(mb), "count": len(mb)}, list(mb.values())
         else:
-            layout, tensors = {"type": type(mb).__name__}, list(mb)
-        meta = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
-        n = len(tensors) + 1
-        header = Header(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.NONE, meta.numel(), 0)
-        nbytes = self.transport.send(peer, header, meta)
-        self.stats.link(LinkKey("send", peer, "input")).add(nbytes, 0)
-        for j, t in enumerate(tensors, start=1):
+            layout, tensors = {"type": type(mb).__name__, "count": len(mb)}, list(mb)
+        lead = int(layout != self._input_layout_sent)
+        n = len(tensors) + lead
+        if lead:
+            meta = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
+            header = Header.data(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.LAYOUT)
+            nbytes = self.transport.send(peer, header, meta)
+            self.stats.link(LinkKey("send", peer, Direction.INPUT)).add(nbytes, 0)
+            self._input_layout_sent = layout
+        for j, t in enumerate(tensors, start=lead):
             self._send_one(Kind.INPUT, peer, 0, i, j, n, t.detach(), Flag.NONE)
 
     def _recv_input(self, i: int) -> Batch:
         what = f"input of step {self.step}, micro-batch {i}"
         got = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=0)
-        self._prepost_next(0, Kind.INPUT, i, 0, got.header.count, 1)
-        self.stats.link(LinkKey("recv", 0, "input")).add(got.nbytes, 0)
-        try:
-            layout = json.loads(bytes(got.payload.cpu().numpy()).decode())
-        except (ValueError, AttributeError) as err:
-            raise WireError(f"{self.transport.link(0, False)}: {what}: unreadable input layout") from err
+        count = got.header.count
+        self._prepost_next(0, Kind.INPUT, i, 0, count, 1)
+        messages = [got]
+        if got.header.flags & Flag.LAYOUT:
+            self.stats.link(LinkKey("recv", 0, Direction.INPUT)).add(got.nbytes, 0)
+            try:
+                self._input_layout = json.loads(bytes(got.payload.cpu().numpy()).decode())
+            except (ValueError, AttributeError) as err:
+                raise WireError(f"{self.transport.link(0, False)}: {what}: unreadable input layout") from err
+            messages = []
+        layout = self._input_layout
+        if layout is None or layout.get("count") != count - (1 - len(messages)):
+            raise WireError(f"{self.transport.link(0, False)}: {what}: {count} messages do not match the input layout {layout}")
+        for j in range(1, count):
+            messages.append(self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=j))
+            self._prepost_next(0, Kind.INPUT, i, j, count, 1)
         tensors = []
-        for j in range(1, got.header.count):
-            msg = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=j)
-            self._prepost_next(0, Kind.INPUT, i, j, got.header.count, 1)
-            t = self._decode(msg.payload, "activation", 0, i, j, 0, what)
-            self.stats.link(LinkKey("recv", 0, "input")).add(msg.nbytes, t.numel() * t.element_size())
+        for j, msg in enumerate(messages, start=count - len(messages)):
+            t = self._decode(msg.payload, Direction.ACTIVATION, 0, i, j, 0, what)
+            self.stats.link(LinkKey("recv", 0, Direction.INPUT)).add(msg.nbytes, t.numel() * t.element_size())
             tensors.append(t)
         kind = layout.get("type")
         if kind == "tensor":

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.wire import Flag, Header, Kind, WireError
+from lightning_epipe.strategy.wire import Header, Kind, WireError
 
 __all__ = ["gather_tensors", "flatten_state", "unflatten_state", "json_to_bytes", "bytes_to_json"]
 
@@ -76,8 +76,8 @@ def gather_tensors(transport: Transport, world_size: int, local: dict[str, Tenso
         blob = [v.reshape(-1).contiguous().view(torch.uint8) if v.numel() else torch.empty(0, dtype=torch.uint8) for _, v in items]
         payload = torch.cat([b.cpu() for b in blob]) if blob else torch.empty(0, dtype=torch.uint8)  # through host memory
         meta = json_to_bytes(desc)
-        transport.send(0, Header(Kind.STATE, 0, 0, 0, 0, 2, Flag.NONE, meta.numel(), 0), meta)
-        transport.send(0, Header(Kind.STATE, 0, 0, 0, 1, 2, Flag.NONE, payload.numel(), 0), payload)
+        transport.send(0, Header.state(0, 2), meta)
+        transport.send(0, Header.state(1, 2), payload)
         transport.flush()
         return None
     merged = dict(local)

@@ -58,7 +58,7 @@ class _Sent:
     work: Any
     frame: Tensor  # kept alive until the send completes
     peer: int
-    what: str
+    header: Header  # what it carried (named in errors)
     posted_at: float
     link: Optional[LinkKey]  # where the transfer's time goes (None: control messages)
     timed: bool = False
@@ -72,10 +72,36 @@ class _Backend:
     irecv: Callable[[Tensor, int, Any], Any]
 
 
-DIST_BACKEND = _Backend(
-    isend=lambda t, dst, group: dist.isend(t, dst=dst, group=group),
-    irecv=lambda t, src, group: dist.irecv(t, src=src, group=group),
-)
+class _GroupRanks:
+    """A global rank's rank within a process group, looked up once per (group, rank)."""
+
+    def __init__(self) -> None:
+        self._ranks: dict[tuple[int, int], tuple[Any, int]] = {}
+
+    def __call__(self, group: Any, rank: int) -> tuple[Any, int]:
+        pg = dist.group.WORLD if group is None else group
+        key = (id(pg), rank)
+        found = self._ranks.get(key)
+        if found is None or found[0] is not pg:  # the cache holds its groups, so an id is never reused under it
+            found = self._ranks[key] = (pg, dist.get_group_rank(pg, rank))
+        return found
+
+
+_group_rank = _GroupRanks()
+
+
+def _dist_isend(t: Tensor, dst: int, group: Any) -> Any:
+    """``dist.isend`` minus its per-call argument checks (the frames are always contiguous uint8)."""
+    pg, rank = _group_rank(group, dst)
+    return pg.send([t], rank, 0)
+
+
+def _dist_irecv(t: Tensor, src: int, group: Any) -> Any:
+    pg, rank = _group_rank(group, src)
+    return pg.recv([t], rank, 0)
+
+
+DIST_BACKEND = _Backend(isend=_dist_isend, irecv=_dist_irecv)
 
 
 @dataclass
@@ -156,30 +182,27 @@ class Transport:
             if payload.device != frame.device and payload.device.type == "cuda":
                 torch.cuda.current_stream(payload.device).synchronize()  # gloo reads the host copy at once
         crc = checksum(frame[HEADER_NBYTES:]) if self.verify_checksum and size else 0
-        header = Header(header.kind, header.step, header.microbatch, header.num_microbatches, header.index,
-                        header.count, header.flags, size, crc, header.arg)
+        header = header.framed(size, crc)
         header.write(frame)
-        what = f"{Kind(header.kind).name.lower()} of step {header.step}, micro-batch {header.microbatch}"
         slot = (name, self.rank, peer, _key(header.kind, header.microbatch, header.index))
         expected = self._frame_sizes.get(slot, HEADER_NBYTES)
         nbytes = frame.numel()
         if expected != frame.numel():  # announce the new size in a frame of the size the peer expects
             notice = torch.zeros(expected, dtype=torch.uint8, device=device)
-            Header(header.kind, header.step, header.microbatch, header.num_microbatches, header.index, header.count,
-                   header.flags | Flag.RESIZE, size, 0, header.arg).write(notice)
-            self._post(notice, peer, group, what)
+            header.framed(size, 0, Flag.RESIZE).write(notice)
+            self._post(notice, peer, group, header)
             self._frame_sizes[slot] = frame.numel()
         self._poll_sends()
-        self._post(frame, peer, group, what, None if name == CONTROL else LinkKey("send", peer, name))
+        self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name))
         return nbytes
 
     def _frame(self, nbytes: int, device: torch.device) -> Tensor:
         """A frame buffer: pinned host memory when it stages a GPU's tensors."""
         return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=self.host_staged and device.type == "cpu")
 
-    def _post(self, frame: Tensor, peer: int, group: Any, what: str, link: Optional[LinkKey] = None) -> None:
+    def _post(self, frame: Tensor, peer: int, group: Any, header: Header, link: Optional[LinkKey] = None) -> None:
         work = self.backend.isend(frame, self.offset + peer, group)
-        self._pending.append(_Sent(work, frame, peer, what, time.perf_counter(), link))
+        self._pending.append(_Sent(work, frame, peer, header, time.perf_counter(), link))
 
     def _poll_sends(self) -> None:
         """Time the sends that completed since the last look (their rate is a lower bound)."""
@@ -196,7 +219,8 @@ class Transport:
         """Wait until every posted send has left (bounded by the timeout)."""
         pending, self._pending = self._pending, []
         for sent in pending:
-            self._wait(sent.work, sent.peer, f"send of {sent.what}", blocking=False)
+            what = f"send of {Kind(sent.header.kind).name.lower()} of step {sent.header.step}, micro-batch {sent.header.microbatch}"
+            self._wait(sent.work, sent.peer, what, blocking=False)
             if not sent.timed:
                 self._time(sent)
 

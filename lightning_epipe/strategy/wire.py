@@ -13,12 +13,13 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-__all__ = ["Kind", "Flag", "StepFlag", "Command", "Header", "WireError", "HEADER_LEN", "HEADER_NBYTES", "MAX_PAYLOAD", "checksum"]
+__all__ = ["Kind", "Direction", "Flag", "StepFlag", "Command", "Header", "WireError", "HEADER_LEN", "HEADER_NBYTES",
+           "MAX_PAYLOAD", "checksum"]
 
 MAGIC = 0x45504950  # "EPIP"
 VERSION = 1
@@ -41,6 +42,19 @@ class Kind(enum.IntEnum):
     SAMPLES = 6  # the dataset indices of a training batch (delta compression)
 
 
+class Direction(enum.StrEnum):
+    """Which way a tensor crosses a cut: what a codec, a link counter and a stream are named by."""
+
+    ACTIVATION = "activation"
+    GRADIENT = "gradient"
+    INPUT = "input"  # the chain placement's raw inputs, client -> first stage
+
+    @classmethod
+    def of(cls, kind: int) -> "Direction":
+        """The direction of a data message ``kind`` (ACTIVATION, GRADIENT or INPUT)."""
+        return _DIRECTIONS[kind]
+
+
 class Flag(enum.IntFlag):
     NONE = 0
     REQUIRES_GRAD = 1  # the receiver makes the tensor a leaf that requires grad
@@ -48,6 +62,7 @@ class Flag(enum.IntFlag):
     NO_GRAD = 4  # a gradient message for a leaf that got no gradient: zeros, no payload
     NONFINITE = 8  # the sender found NaN/Inf here; no payload
     RESIZE = 16  # a notice: this message's frame has another size than the last one of its key; the frame follows
+    LAYOUT = 32  # an input's first message: the JSON layout of its tensors (sent when it changes), tensors follow
 
 
 class StepFlag(enum.IntFlag):
@@ -69,8 +84,15 @@ class Command(enum.IntEnum):
     SKIP_STEP = 5
 
 
+_DIRECTIONS = {Kind.ACTIVATION: Direction.ACTIVATION, Kind.GRADIENT: Direction.GRADIENT, Kind.INPUT: Direction.INPUT}
+
+
 @dataclass(frozen=True)
 class Header:
+    """One message's header. Build it with the constructor of its kind (:meth:`data`,
+    :meth:`command`, :meth:`sample_ids`, :meth:`state`); the transport fills in
+    ``payload_nbytes`` and ``crc`` (:meth:`framed`)."""
+
     kind: int
     step: int
     microbatch: int
@@ -78,9 +100,36 @@ class Header:
     index: int
     count: int
     flags: int
-    payload_nbytes: int
-    crc: int
+    payload_nbytes: int = 0
+    crc: int = 0
     arg: int = 0
+
+    @classmethod
+    def data(cls, kind: Kind, step: int, microbatch: int, num_microbatches: int, index: int, count: int,
+             flags: int = 0) -> "Header":
+        """Tensor ``index`` of the ``count`` an activation, gradient or input message of micro-batch ``microbatch`` holds."""
+        return cls(kind, step, microbatch, num_microbatches, index, count, flags)
+
+    @classmethod
+    def command(cls, command: "Command", step: int, num_microbatches: int = 0, flags: int = 0,
+                optimizer: int = 0) -> "Header":
+        """The client's ``command`` for ``step``: a FORWARD carries the step's micro-batch count and
+        :class:`StepFlag` bits, an OPTIMIZER_STEP its optimizer's index (in the micro-batch field)."""
+        return cls(Kind.CONTROL, step, optimizer, num_microbatches, 0, 1, flags, arg=command)
+
+    @classmethod
+    def sample_ids(cls, step: int, num_microbatches: int, num_samples: int) -> "Header":
+        """The dataset indices of ``step``'s batch follow (int64 payload); ``num_samples``: the training set's size."""
+        return cls(Kind.SAMPLES, step, 0, num_microbatches, 0, 1, 0, arg=num_samples)
+
+    @classmethod
+    def state(cls, index: int, count: int) -> "Header":
+        """Part ``index`` of a server's checkpoint state (0: its JSON description, 1: the packed tensors)."""
+        return cls(Kind.STATE, 0, 0, 0, index, count, 0)
+
+    def framed(self, payload_nbytes: int, crc: int = 0, flags: int = 0) -> "Header":
+        """This header as the frame that carries ``payload_nbytes`` bytes sends it (``flags`` added)."""
+        return replace(self, payload_nbytes=payload_nbytes, crc=crc, flags=self.flags | flags)
 
     def to_tensor(self, device: torch.device | str = "cpu") -> Tensor:
         return torch.tensor(self.values(), dtype=torch.int64, device=device)
