@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from .chunks import chunks
+from .cache_blocks import cache_blocks
 
 __all__ = ["pack", "unpack", "pack_into", "unpack_range", "packed_nbytes", "MAX_WIDTH"]
 
@@ -51,7 +51,7 @@ def pack(codes: torch.Tensor, width: int, out: torch.Tensor | None = None) -> to
     elif out.numel() != packed_nbytes(count, width):
         raise ValueError(f"out has {out.numel()} bytes; {count} codes of {width} bits take "
                          f"{packed_nbytes(count, width)}")
-    for start, stop in chunks(count, codes.device):
+    for start, stop in cache_blocks(count, codes.device):
         pack_into(codes[start:stop], width, out, start, count)
     return out
 
@@ -63,7 +63,7 @@ def unpack(data: torch.Tensor, width: int, count: int) -> torch.Tensor:
         raise ValueError(f"{count} codes of {width} bits take {packed_nbytes(count, width)} "
                          f"bytes, got {data.numel()}")
     out = torch.empty(count, dtype=_code_dtype(width), device=data.device)
-    for start, stop in chunks(count, data.device):
+    for start, stop in cache_blocks(count, data.device):
         out[start:stop] = unpack_range(data, width, count, start, stop)
     return out
 

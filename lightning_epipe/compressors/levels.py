@@ -28,7 +28,7 @@ import torch
 
 from .base import Compressor
 from .bitpack import pack_into, packed_nbytes, unpack_range
-from .chunks import chunks
+from .cache_blocks import cache_blocks
 from .exact import MAX_ENTRIES, exact_bytes, exact_nbytes, parse_exact
 from .packet import Packet
 from .sampling import strided_sample
@@ -145,7 +145,7 @@ def write_codes(flat: torch.Tensor, bits: int, code_of: Callable[[torch.Tensor],
     """
     count, top = flat.numel(), (1 << bits) - 1
     work = work_dtype(flat.dtype)
-    for start, stop in chunks(count, flat.device):
+    for start, stop in cache_blocks(count, flat.device):
         codes = code_of(flat[start:stop].to(work)).round_()
         if clamp:
             codes.clamp_(0, top)
@@ -202,7 +202,7 @@ def lookup(levels: Levels, numel: int, dtype: torch.dtype) -> torch.Tensor:
     if device.type != "cpu":
         table = table.to(device)
     out = torch.empty(numel, dtype=dtype, device=device)
-    for start, stop in chunks(numel, device):
+    for start, stop in cache_blocks(numel, device):
         codes = unpack_range(levels.codes, levels.bits, numel, start, stop)
         torch.index_select(table, 0, codes, out=out[start:stop])
     return out

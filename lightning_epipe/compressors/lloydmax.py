@@ -76,7 +76,7 @@ import torch
 
 from .base import Compressor, check_int
 from .bitpack import pack_into, packed_nbytes, unpack_range
-from .chunks import chunks
+from .cache_blocks import cache_blocks
 from .grid import GRID, Grid, grid_size
 from .sampling import strided_sample
 from .packet import Packet, bytes_as
@@ -157,7 +157,7 @@ class LloydMax(Compressor):
         payload[_PREFIX:_PREFIX + 4 * levels_n] = codebook.view(torch.uint8)
         code_of_cell = cell_codes(codebook, pinned, grid)                        # [G] uint8
 
-        for start, stop in chunks(count, flat.device):
+        for start, stop in cache_blocks(count, flat.device):
             cells = grid.cells(flat[start:stop].float(), torch.int32)
             if bits == 8:
                 torch.index_select(code_of_cell, 0, cells, out=codes_out[start:stop])
@@ -184,7 +184,7 @@ class LloydMax(Compressor):
         table = codebook.to(packet.dtype)                                        # [L]
         codes = payload[_PREFIX + 4 * levels_n:]
         out = torch.empty(numel, dtype=packet.dtype, device=payload.device)
-        for start, stop in chunks(numel, payload.device):
+        for start, stop in cache_blocks(numel, payload.device):
             index = unpack_range(codes, bits, numel, start, stop)
             torch.index_select(table, 0, index, out=out[start:stop])
         return out.reshape(packet.shape)

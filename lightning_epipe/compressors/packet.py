@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Packet", "PacketError", "header_nbytes", "DTYPE_CODES", "MAX_NDIM"]
+__all__ = ["Packet", "PacketError", "header_nbytes", "DTYPE_CODES", "MAX_NDIM", "KNOWN_CODEC_IDS"]
 
 MAGIC = b"EP"
 #: 2: levels payloads (quantize, sortquant, topk's values) carry an exact-value table.
@@ -54,7 +54,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 _DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 # Codec ids a packet may carry; filled by ``register_compressor``.
-_known_codecs: set[int] = set()
+KNOWN_CODEC_IDS: set[int] = set()
 
 
 class PacketError(ValueError):
@@ -149,8 +149,8 @@ class Packet:
             raise PacketError(f"bad magic {magic!r}, expected {MAGIC!r}: not a packet")
         if version != VERSION:
             raise PacketError(f"packet format version {version}, this build reads {VERSION}")
-        if codec not in _known_codecs:
-            raise PacketError(f"unknown codec id {codec}; known ids: {sorted(_known_codecs)}")
+        if codec not in KNOWN_CODEC_IDS:
+            raise PacketError(f"unknown codec id {codec}; known ids: {sorted(KNOWN_CODEC_IDS)}")
         if dtype_code not in _DTYPES:
             raise PacketError(f"unknown dtype code {dtype_code}; known: 0..{max(_DTYPES)}")
         if ndim > MAX_NDIM:

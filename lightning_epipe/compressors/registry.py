@@ -41,9 +41,9 @@ def register_compressor(cls: type[Compressor]) -> type[Compressor]:
         if other is not cls and (other.name == name or other.codec_id == codec_id):
             raise ValueError(f"{cls.__qualname__} (name {name!r}, codec id {codec_id}) "
                              f"clashes with {other.__qualname__} (name {other.name!r}, codec "
-                             f"id {other.codec_id}); used ids: {sorted(packet._known_codecs)}")
+                             f"id {other.codec_id}); used ids: {sorted(packet.KNOWN_CODEC_IDS)}")
     _by_name[name] = cls
-    packet._known_codecs.add(codec_id)
+    packet.KNOWN_CODEC_IDS.add(codec_id)
     return cls
 
 

@@ -17,7 +17,6 @@ state are exact, activations are at the example's size).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -27,21 +26,11 @@ from torch import nn
 from lightning_epipe.compressors import Compressor
 from lightning_epipe.strategy.balance import cut_nbytes, layer_memory, measure_layers
 from lightning_epipe.strategy.balance_solver import rank_loads, solve_balance
-from lightning_epipe.strategy.metrics_sync import broadcast_json
+from lightning_epipe.strategy.collectives import broadcast_json
+from lightning_epipe.strategy.device_memory import memory_capacity
 from lightning_epipe.strategy.tuning import probe_bandwidth
 
-__all__ = ["measured_balance", "memory_capacity"]
-
-
-def memory_capacity(device: torch.device, local_processes: int) -> float:
-    """Bytes this process may use: the accelerator's memory, or its share of the machine's RAM."""
-    if device.type == "cuda":
-        return float(torch.cuda.mem_get_info(device)[1])
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return float("inf")
-    return float(total) / max(1, local_processes)
+__all__ = ["measured_balance"]
 
 
 def measured_balance(layers: nn.Sequential, example: Any, size: int, placement: str, rank: int, device: torch.device,

@@ -29,7 +29,7 @@ from typing import Hashable, Optional
 
 from torch import Tensor
 
-from lightning_epipe.strategy.transport import _Backend
+from lightning_epipe.strategy.transport import P2PBackend
 
 __all__ = ["MemoryFabric"]
 
@@ -85,9 +85,9 @@ class MemoryFabric:
         self._streams: dict[tuple[Hashable, int], deque[_Op]] = defaultdict(deque)
         self.log: list[tuple[int, str, int, Hashable, int]] = []  # (rank, "send"|"recv", peer, group, bytes) as posted
 
-    def backend(self, rank: int) -> _Backend:
+    def backend(self, rank: int) -> P2PBackend:
         """The point-to-point primitives of ``rank``, for ``Transport(backend=...)``."""
-        return _Backend(
+        return P2PBackend(
             isend=lambda t, dst, group: self._post(_Op(self, rank, t, group, dst=dst)),
             irecv=lambda t, src, group: self._post(_Op(self, rank, t, group, src=src)),
         )

@@ -10,35 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-from lightning_epipe.strategy.state import bytes_to_json, json_to_bytes
+from lightning_epipe.strategy.collectives import broadcast_json
 
-__all__ = ["CallbackMetricsSync", "broadcast_json"]
-
-
-def broadcast_json(value: Any, device: torch.device, src: int = 0) -> Any:
-    """Broadcast a JSON-serializable value from ``src`` to every rank (a collective)."""
-    is_src = dist.get_rank() == src
-    payload, error = None, None
-    if is_src:
-        try:
-            payload = json_to_bytes(value).to(device)
-        except (TypeError, ValueError) as err:
-            error = err
-    size = torch.tensor([-1 if error else (payload.numel() if is_src else 0)], dtype=torch.int64, device=device)
-    dist.broadcast(size, src)
-    if int(size.item()) < 0:
-        raise TypeError(
-            f"EPipeStrategy broadcasts only plain data (JSON types and paths), never pickles: rank {src} tried to"
-            f" broadcast {type(value).__name__ if error is None else error}"
-        )
-    if not is_src:
-        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
-    dist.broadcast(payload, src)
-    return bytes_to_json(payload)
+__all__ = ["CallbackMetricsSync"]
 
 
 class CallbackMetricsSync(Callback):

@@ -37,7 +37,7 @@ from lightning_epipe.strategy.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.streams import CONTROL, stream_name
 from lightning_epipe.strategy.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
 
-__all__ = ["PeerError", "Transport", "Received", "DIST_BACKEND"]
+__all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND"]
 
 Key = tuple[int, int, int]  # (kind, micro-batch, tensor index)
 
@@ -65,7 +65,7 @@ class _Sent:
 
 
 @dataclass
-class _Backend:
+class P2PBackend:
     """Point-to-point primitives: ``torch.distributed`` or the in-memory ``memory_backend``."""
 
     isend: Callable[[Tensor, int, Any], Any]
@@ -101,7 +101,7 @@ def _dist_irecv(t: Tensor, src: int, group: Any) -> Any:
     return pg.recv([t], rank, 0)
 
 
-DIST_BACKEND = _Backend(isend=_dist_isend, irecv=_dist_irecv)
+DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv)
 
 
 @dataclass
@@ -138,7 +138,7 @@ class Transport:
         groups: Optional[Mapping[tuple[str, int, int], Any]] = None,
         control_group: Any = None,
         control_device: Optional[torch.device] = None,
-        backend: _Backend = DIST_BACKEND,
+        backend: P2PBackend = DIST_BACKEND,
         host_staged: bool = False,
     ) -> None:
         self.rank = rank

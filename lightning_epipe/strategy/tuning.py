@@ -38,7 +38,7 @@ from lightning_epipe.strategy.autotune import (
     needs_retune,
 )
 from lightning_epipe.strategy.codecs import CodecBook
-from lightning_epipe.strategy.metrics_sync import broadcast_json
+from lightning_epipe.strategy.collectives import broadcast_json
 from lightning_epipe.strategy.partition import PipelinePlan
 from lightning_epipe.strategy.timing import synchronize
 

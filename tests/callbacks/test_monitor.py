@@ -46,7 +46,7 @@ class Run:
     def __init__(self, rank: int, log_every: int = 2) -> None:
         self.strategy = EPipeStrategy(parallel_devices=[torch.device("cpu")] * 2)
         self.strategy._plan = PLAN
-        self.strategy._codecs = self.strategy._check_compressors(PLAN.num_cuts)
+        self.strategy._codecs = self.strategy.config.codec_book(PLAN.num_cuts)
         self.trainer = mock.MagicMock()
         self.trainer.strategy = self.strategy
         self.trainer.is_global_zero = rank == 0

@@ -46,15 +46,14 @@ def message_bytes(codec: str, columns: int) -> int:
     return HEADER_LEN * 8 + get_compressor(codec, **kwargs).encode(torch.randn(ROWS, columns)).nbytes
 
 
-# every raw input micro-batch is preceded by a small JSON message saying its layout
-LAYOUT_BYTES = HEADER_LEN * 8 + len(json.dumps({"type": "tensor"}).encode())
+# the raw inputs' first message says their layout (JSON); it is sent again only if the layout changes
+LAYOUT_BYTES = HEADER_LEN * 8 + len(json.dumps({"type": "tensor", "count": 1}).encode())
 
 
 def link_bytes(label: str, codec: str, columns: int) -> tuple[int, int]:
-    """(bytes, messages) that one micro-batch puts on ``label``."""
-    if label.startswith("input"):
-        return message_bytes(codec, columns) + LAYOUT_BYTES, 2
-    return message_bytes(codec, columns), 1
+    """(bytes, messages) that one micro-batch puts on ``label``, and the bytes its first step adds."""
+    once = LAYOUT_BYTES if label.startswith("input") else 0
+    return message_bytes(codec, columns), once
 
 
 @pytest.fixture(scope="module")
@@ -86,16 +85,16 @@ def test_logged_bytes_are_header_plus_packet_per_message(runs, placement):
     epoch_batches = [3, 1]
     assert [r["step"] for r in run["steps"]] == [1, 3] and [r["epoch"] for r in run["epochs"]] == [0, 1]
     for label, (codec, columns) in LINKS[placement].items():
-        size, per_microbatch = link_bytes(label, codec, columns)
+        size, once = link_bytes(label, codec, columns)
         forward = not label.startswith("gradient")
-        for row, batches in zip(run["steps"], step_batches):
-            assert row[f"epipe/bytes/{label}"] == size * CHUNKS * batches, label
-        for row, batches, val in zip(run["epochs"], epoch_batches, [validation, False]):
-            assert row[f"epipe_epoch/bytes/{label}"] == size * CHUNKS * (batches + (val and forward)), label
+        for row, batches, first in zip(run["steps"], step_batches, [True, False]):
+            assert row[f"epipe/bytes/{label}"] == size * CHUNKS * batches + first * once, label
+        for row, batches, val, first in zip(run["epochs"], epoch_batches, [validation, False], [True, False]):
+            assert row[f"epipe_epoch/bytes/{label}"] == size * CHUNKS * (batches + (val and forward)) + first * once, label
         link = run["summary"]["links"][label]
         microbatches = CHUNKS * (STEPS + (validation and forward))
-        assert link["messages"] == microbatches * per_microbatch, label
-        assert link["bytes_sent"] == link["bytes_received"] == size * microbatches, label  # both ends
+        assert link["messages"] == microbatches + bool(once), label
+        assert link["bytes_sent"] == link["bytes_received"] == size * microbatches + once, label  # both ends
 
 
 @pytest.mark.parametrize("placement", list(RUNS))

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_epipe.compressors import chunks
+from lightning_epipe.compressors import cache_blocks
 from lightning_epipe.compressors.bitpack import (MAX_WIDTH, pack, pack_into, packed_nbytes,
                                                  unpack, unpack_range)
 
@@ -43,11 +43,11 @@ def test_accepts_narrow_code_dtypes():
 
 
 @pytest.mark.parametrize("width", [3, 8, 13, 24])
-def test_chunks_compose(width, monkeypatch):
+def test_cache_blocks_compose(width, monkeypatch):
     """Packing chunk by chunk gives the bytes of packing at once, for any chunk size."""
     codes = random_codes(1003, width, seed=1)
     whole = pack(codes, width)
-    monkeypatch.setattr(chunks, "CHUNK", 64)
+    monkeypatch.setattr(cache_blocks, "CHUNK", 64)
     assert torch.equal(pack(codes, width), whole)
     assert torch.equal(unpack(whole, width, 1003).long(), codes)
     out = torch.empty_like(whole)

@@ -92,7 +92,7 @@ def test_nccl_on_cpu_is_refused_before_launch():
 
 
 def test_timeout_is_kept():
-    assert EPipeStrategy(timeout=timedelta(seconds=7))._timeout == timedelta(seconds=7)
+    assert EPipeStrategy(timeout=timedelta(seconds=7)).config.timeout == timedelta(seconds=7)
 
 
 def test_lightning_cli_builds_the_strategy(tmp_path):
@@ -106,7 +106,7 @@ def test_lightning_cli_builds_the_strategy(tmp_path):
     )
     strategy = cli.trainer.strategy
     assert isinstance(strategy, EPipeStrategy) and strategy.chunks == 8
-    assert strategy._compressor_args[0] == "sortquant" and strategy._compressor_args[3]["bits"] == 8
+    assert strategy.config.compressor == "sortquant" and strategy.config.compressor_kwargs["bits"] == 8
 
 
 def test_bottleneck_without_example_input_is_refused_before_launch():

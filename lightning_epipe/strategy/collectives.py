@@ -1,8 +1,8 @@
-"""Move named tensors between ranks for checkpoints, without pickle.
+"""What every rank calls together: plain data and named tensors between ranks, never pickled.
 
-A rank's share is a flat ``{name: Tensor}`` dict; it travels as one JSON description
-(names, dtypes, shapes) and one concatenated uint8 payload. Optimizer and codec state are
-nested dicts: :func:`flatten_state` and :func:`unflatten_state` turn them into flat ones.
+- :func:`broadcast_json`: a JSON value from one rank to all (``torch.distributed.broadcast``).
+- :func:`gather_tensors`: every rank's ``{name: Tensor}`` on rank 0, as one JSON description
+  (names, dtypes, shapes) and one uint8 payload per rank, through the control stream.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import json
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from lightning_epipe.strategy.transport import Transport
 from lightning_epipe.strategy.wire import Header, Kind, WireError
 
-__all__ = ["gather_tensors", "flatten_state", "unflatten_state", "json_to_bytes", "bytes_to_json"]
+__all__ = ["broadcast_json", "gather_tensors", "json_to_bytes", "bytes_to_json"]
 
 _DTYPES = {str(d): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -32,40 +33,26 @@ def bytes_to_json(payload: Tensor) -> Any:
     return json.loads(bytes(payload.cpu().numpy()).decode())
 
 
-def flatten_state(state: Any, prefix: str = "") -> dict[str, Tensor]:
-    """``{"a": {"b": t}}`` -> ``{"a/b": t}``; Python numbers become 0-d tensors tagged by dtype."""
-    out: dict[str, Tensor] = {}
-    if isinstance(state, dict):
-        for key, value in state.items():
-            out.update(flatten_state(value, f"{prefix}{key}/"))
-    elif isinstance(state, Tensor):
-        out[prefix[:-1]] = state
-    elif isinstance(state, bool):
-        out[prefix[:-1] + "#bool"] = torch.tensor(state)
-    elif isinstance(state, int):
-        out[prefix[:-1] + "#int"] = torch.tensor(state, dtype=torch.int64)
-    elif isinstance(state, float):
-        out[prefix[:-1] + "#float"] = torch.tensor(state, dtype=torch.float64)
-    elif state is not None:
-        raise TypeError(f"cannot move state entry {prefix[:-1]!r} of type {type(state).__name__} between ranks")
-    return out
-
-
-def unflatten_state(flat: dict[str, Tensor], int_keys: bool = False) -> dict[str, Any]:
-    """Inverse of :func:`flatten_state` (``int_keys`` turns digit keys back into ints)."""
-    out: dict[Any, Any] = {}
-    for name, value in flat.items():
-        if "#" in name:
-            name, tag = name.rsplit("#", 1)
-            value = {"bool": bool, "int": int, "float": float}[tag](value.item())
-        parts = name.split("/")
-        node = out
-        for part in parts[:-1]:
-            key = int(part) if int_keys and part.isdigit() else part
-            node = node.setdefault(key, {})
-        last = parts[-1]
-        node[int(last) if int_keys and last.isdigit() else last] = value
-    return out
+def broadcast_json(value: Any, device: torch.device, src: int = 0) -> Any:
+    """Broadcast a JSON-serializable value from ``src`` to every rank (a collective)."""
+    is_src = dist.get_rank() == src
+    payload, error = None, None
+    if is_src:
+        try:
+            payload = json_to_bytes(value).to(device)
+        except (TypeError, ValueError) as err:
+            error = err
+    size = torch.tensor([-1 if error else (payload.numel() if is_src else 0)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src)
+    if int(size.item()) < 0:
+        raise TypeError(
+            f"EPipeStrategy broadcasts only plain data (JSON types and paths), never pickles: rank {src} tried to"
+            f" broadcast {type(value).__name__ if error is None else error}"
+        )
+    if not is_src:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(payload, src)
+    return bytes_to_json(payload)
 
 
 def gather_tensors(transport: Transport, world_size: int, local: dict[str, Tensor]) -> Optional[dict[str, Tensor]]:

@@ -1,0 +1,129 @@
+"""What a checkpoint holds of a pipeline, and how each rank gets its part back.
+
+Every rank owns some layers (the others are meta tensors there) and the optimizer state of
+their parameters, plus state of its own: codec streams (error feedback, delta caches), its
+RNG, the bottlenecks' halves. Saving gathers all of it on rank 0 through the control
+stream (:func:`~lightning_epipe.strategy.collectives.gather_tensors`, no pickle); the
+model's state dict is the plain module's (it loads without the strategy), and the rest goes
+under ``checkpoint["epipe"]``::
+
+    {"balance": [...], "placement": "...", "ranks": {"<global rank>": {"codecs": ..., "rng": ...}},
+     "bottlenecks": {...}, "auto": {...}}
+
+Loading: every rank reads the file; each keeps the optimizer state of the parameters it owns,
+its own codec and RNG state, provided the split is the one it was saved with.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional
+
+import torch
+from lightning.fabric.utilities.optimizer import _optimizer_to_device
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from lightning_epipe.strategy.bottlenecks import ATTRIBUTE as BOTTLENECKS
+from lightning_epipe.strategy.collectives import gather_tensors
+from lightning_epipe.strategy.transport import Transport
+
+__all__ = ["flatten_state", "unflatten_state", "owned_state", "gather_optimizer_state", "load_owned_optimizer_state",
+           "local_extra_state", "rank_resume_state", "restore_rng"]
+
+
+def flatten_state(state: Any, prefix: str = "") -> dict[str, Tensor]:
+    """``{"a": {"b": t}}`` -> ``{"a/b": t}``; Python numbers become 0-d tensors tagged by dtype."""
+    out: dict[str, Tensor] = {}
+    if isinstance(state, dict):
+        for key, value in state.items():
+            out.update(flatten_state(value, f"{prefix}{key}/"))
+    elif isinstance(state, Tensor):
+        out[prefix[:-1]] = state
+    elif isinstance(state, bool):
+        out[prefix[:-1] + "#bool"] = torch.tensor(state)
+    elif isinstance(state, int):
+        out[prefix[:-1] + "#int"] = torch.tensor(state, dtype=torch.int64)
+    elif isinstance(state, float):
+        out[prefix[:-1] + "#float"] = torch.tensor(state, dtype=torch.float64)
+    elif state is not None:
+        raise TypeError(f"cannot move state entry {prefix[:-1]!r} of type {type(state).__name__} between ranks")
+    return out
+
+
+def unflatten_state(flat: dict[str, Tensor], int_keys: bool = False) -> dict[str, Any]:
+    """Inverse of :func:`flatten_state` (``int_keys`` turns digit keys back into ints)."""
+    out: dict[Any, Any] = {}
+    for name, value in flat.items():
+        if "#" in name:
+            name, tag = name.rsplit("#", 1)
+            value = {"bool": bool, "int": int, "float": float}[tag](value.item())
+        parts = name.split("/")
+        node = out
+        for part in parts[:-1]:
+            key = int(part) if int_keys and part.isdigit() else part
+            node = node.setdefault(key, {})
+        last = parts[-1]
+        node[int(last) if int_keys and last.isdigit() else last] = value
+    return out
+
+
+def owned_state(module: nn.Module, pipeline_attr: Optional[str], owned_layers: Optional[Iterable[int]]) -> dict[str, Tensor]:
+    """The real (non-meta) entries of ``module``'s state dict that this rank owns: all of them on
+    the client (``owned_layers=None``), else the layers ``owned_layers`` of the Sequential at
+    ``pipeline_attr`` and the bottlenecks' halves."""
+    state = module.state_dict()
+    if owned_layers is None:
+        return {k: v for k, v in state.items() if not v.is_meta}
+    prefix = f"{pipeline_attr}."
+    owned = {str(i) for i in owned_layers}
+    return {
+        k: v for k, v in state.items()
+        if not v.is_meta and (k.startswith(BOTTLENECKS + ".") or k.startswith(prefix) and k[len(prefix):].split(".", 1)[0] in owned)
+    }
+
+
+def gather_optimizer_state(transport: Transport, world_size: int, optimizer: Optimizer) -> Optional[dict[str, Any]]:
+    """Every rank's part of ``optimizer``'s state merged on rank 0 (``None`` elsewhere; a collective)."""
+    state = optimizer.state_dict()
+    merged = gather_tensors(transport, world_size, flatten_state(state["state"]))
+    if merged is None:
+        return None
+    return {"state": dict(sorted(unflatten_state(merged, int_keys=True).items())), "param_groups": state["param_groups"]}
+
+
+def load_owned_optimizer_state(optimizers: list[Optimizer], states: list[Mapping[str, Any]], device: torch.device) -> None:
+    """Each optimizer keeps the state of the parameters this rank owns (the others are meta here)."""
+    for optimizer, opt_state in zip(optimizers, states):
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        own = {i for i, p in enumerate(params) if not p.is_meta}
+        opt_state = {**opt_state, "state": {i: s for i, s in opt_state["state"].items() if i in own}}
+        optimizer.load_state_dict(opt_state)
+        _optimizer_to_device(optimizer, device)
+
+
+def local_extra_state(global_rank: int, codec_state: dict[str, Any], device: torch.device) -> dict[str, Tensor]:
+    """This rank's codec and RNG state, flat and keyed ``"<global rank>/..."`` for the gather."""
+    local = flatten_state({"codecs": codec_state, "rng": {"cpu": torch.get_rng_state()}})
+    if device.type == "cuda":
+        local["rng/cuda"] = torch.cuda.get_rng_state(device)
+    return {f"{global_rank}/{k}": v for k, v in local.items()}
+
+
+def rank_resume_state(state: Mapping[str, Any], balance: Optional[list[int]], global_rank: int) -> Optional[dict[str, Any]]:
+    """This rank's part of ``checkpoint["epipe"]``; ``None`` (with a warning) if the split changed."""
+    if balance is not None and list(state.get("balance", [])) != list(balance):
+        rank_zero_warn(
+            f"the checkpoint was written with balance={state.get('balance')} but this run uses"
+            f" {list(balance)}: codec and RNG state are not restored"
+        )
+        return None
+    return state.get("ranks", {}).get(str(global_rank))
+
+
+def restore_rng(mine: Optional[Mapping[str, Any]], device: torch.device) -> None:
+    """Put this rank's saved RNG state back (CPU, and CUDA where it runs on CUDA)."""
+    if mine and "rng" in mine:
+        torch.set_rng_state(mine["rng"]["cpu"])
+        if "cuda" in mine["rng"] and device.type == "cuda":
+            torch.cuda.set_rng_state(mine["rng"]["cuda"], device)

@@ -1,0 +1,82 @@
+"""A server's step: follow the client's commands until the client ends the step.
+
+Servers (pipeline ranks > 0) never run user code. Lightning calls their ``training_step``
+(and the other step hooks) once per batch as on the client; inside it, :func:`serve_step`
+reads the client's commands from the control stream and drives this rank's
+:class:`~lightning_epipe.strategy.runtime.PipelineRuntime`:
+
+=================  ===========================================================
+``FORWARD``        start the step: its micro-batch count and :class:`StepFlag`
+                   bits (grad enabled, sample ids follow, the step runs as 1F1B)
+``BACKWARD``       manual optimization's ``manual_backward``: run the backward
+``OPTIMIZER_STEP`` manual optimization: step optimizer ``arg``
+``FINISH_STEP``    the client's step returned: return (automatic optimization's
+                   backward comes next, from Lightning)
+``SKIP_STEP``      the step is skipped on every rank (NaN/Inf, or ``None`` loss)
+=================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from lightning_epipe.strategy.microbatch import scatter
+from lightning_epipe.strategy.runtime import PipelineRuntime
+from lightning_epipe.strategy.wire import Command, StepFlag
+
+__all__ = ["StepEnd", "ServerHooks", "serve_step"]
+
+
+class StepEnd(enum.Enum):
+    """How the client ended a step."""
+
+    FINISHED = "finished"  # after a forward: the step's backward follows
+    EVALUATED = "evaluated"  # nothing to backpropagate (no forward, or evaluation)
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class ServerHooks:
+    """What a server's step needs from the strategy around it."""
+
+    after_backward: Callable[[], None]  # agree on NaN/Inf, average over replicas
+    optimizer_step: Callable[[int], None]  # step optimizer ``index`` (manual optimization)
+    set_gradients_aside: Callable[[], ContextManager[Any]]  # 1F1B: keep the step's gradients from zero_grad
+
+
+def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> StepEnd:
+    """Follow the client's commands for one step; returns how the client ended it."""
+    forwarded = False
+    while True:
+        msg = runtime.next_command()
+        if msg.command == Command.FORWARD:
+            runtime.begin_step(msg.num_microbatches)
+            if msg.flags & StepFlag.SAMPLE_IDS:
+                ids, num_samples = runtime.recv_sample_ids()
+                runtime.sample_ids, runtime.num_samples = scatter(ids, msg.num_microbatches), num_samples
+            with torch.set_grad_enabled(bool(msg.flags & StepFlag.GRAD_ENABLED)):
+                if msg.flags & StepFlag.ONE_F_ONE_B:
+                    with hooks.set_gradients_aside():
+                        runtime.run_1f1b()
+                else:
+                    runtime.forward()
+            forwarded = True
+        elif msg.command == Command.BACKWARD:
+            runtime.backward()
+            hooks.after_backward()
+        elif msg.command == Command.OPTIMIZER_STEP:
+            hooks.optimizer_step(msg.arg)
+        elif msg.command == Command.SKIP_STEP:
+            runtime.discard()
+            return StepEnd.SKIPPED
+        elif msg.command == Command.FINISH_STEP:
+            if training and forwarded:
+                return StepEnd.FINISHED
+            runtime.discard()
+            return StepEnd.EVALUATED
+        else:
+            raise RuntimeError(f"pipeline rank {runtime.rank}: unexpected command {msg.command.name}")
