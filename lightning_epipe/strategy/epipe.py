@@ -2,7 +2,7 @@
 
 Lightning delegation only; the logic lives beside it (``docs/architecture.md`` draws the
 data path): arguments in ``config``, the split in ``planning``, a step's messages in
-``runtime`` (client) and ``server_loop`` (servers), 1F1B's losses in ``one_f_one_b``,
+``client_step`` and ``runtime`` (client), ``server_loop`` (servers), 1F1B's losses in ``one_f_one_b``,
 checkpoints in ``checkpoint_state``. How a step runs:
 
 - The client (rank 0) runs the user's step. Its ``self.layers(x)`` call is the pipelined
@@ -49,6 +49,7 @@ from lightning_epipe.compressors import BottleneckPair
 from lightning_epipe.strategy import checkpoint_state as ckpt
 from lightning_epipe.strategy.bottlenecks import ensure_optimized, install_bottlenecks, split_bottleneck_state
 from lightning_epipe.strategy.clipping import clip_across_stages
+from lightning_epipe.strategy.client_step import ClientStep
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.collectives import broadcast_json, gather_tensors
 from lightning_epipe.strategy.config import CompressorArg, PipelineConfig
@@ -56,8 +57,7 @@ from lightning_epipe.strategy.device_memory import default_cache_limit
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
 from lightning_epipe.strategy.layer_ownership import release_foreign_layers
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync
-from lightning_epipe.strategy.microbatch import batch_size, gather, scatter
-from lightning_epipe.strategy.one_f_one_b import GradientStash, MicrobatchLosses, as_leaf
+from lightning_epipe.strategy.one_f_one_b import GradientStash
 from lightning_epipe.strategy.partition import PipelinePlan, find_pipeline
 from lightning_epipe.strategy.planning import plan_by_time, plan_for
 from lightning_epipe.strategy.replicas import ReplicaLayout, average_gradients
@@ -69,7 +69,7 @@ from lightning_epipe.strategy.stats import PipelineStats
 from lightning_epipe.strategy.stream_groups import StreamGroups, create_stream_groups
 from lightning_epipe.strategy.transport import Transport
 from lightning_epipe.strategy.tuning import AutoTuner
-from lightning_epipe.strategy.wire import Command, StepFlag
+from lightning_epipe.strategy.wire import Command
 
 __all__ = ["EPipeStrategy"]
 
@@ -213,14 +213,12 @@ class EPipeStrategy(ParallelStrategy):
         self._pipeline_attr: Optional[str] = None
         self._bottlenecks: dict[int, BottleneckPair] = {}
         self._bottleneck_state: dict[str, Tensor] = {}
-        self._driving = False  # inside the client's step: the pipelined Sequential may run
         self._failed = False
         self._resume_state: Optional[dict[str, Any]] = None
         self._client_backup: dict[str, Tensor] = {}
         self._skip_backward = False
-        self._step_batch: Any = None  # the client's training batch, for pipeline_loss under 1F1B
-        self._losses = MicrobatchLosses()
         self._stash = GradientStash()
+        self._client = ClientStep(self.config, self.stats, self._sample_ids, self._stash)
 
     # ------------------------------------------------------------------ properties
 
@@ -385,6 +383,7 @@ class EPipeStrategy(ParallelStrategy):
         delta = self.config.delta
         if delta is not None and delta.cache_limit is None:  # sized for the stage's own device
             self.config = replace(self.config, delta=replace(delta, cache_limit=default_cache_limit(self.root_device, self.num_processes)))
+            self._client.config = self.config
             self._codecs = None
         if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
             self._codecs = self.config.codec_book(plan.num_cuts)
@@ -454,33 +453,7 @@ class EPipeStrategy(ParallelStrategy):
 
     def _pipelined_forward(self, inputs: Any) -> Any:
         """The client's ``self.layers(x)``: run the whole pipeline, return the gathered output."""
-        if not self._driving:
-            raise RuntimeError(
-                "The pipelined Sequential runs only inside training/validation/test/predict steps under"
-                " EPipeStrategy (its layers live in other processes). Remove `example_input_array` summaries"
-                " or other calls outside the steps."
-            )
-        runtime, training = self.runtime, self.lightning_module.trainer.training
-        microbatches = scatter(inputs, self.chunks)
-        grad = torch.is_grad_enabled()
-        ids = self._sample_ids.pop(batch_size(inputs)) if self.config.delta is not None and grad and training else None
-        runtime.begin_step(len(microbatches), None if ids is None else scatter(ids, self.chunks), self._sample_ids.num_samples)
-        one_f_one_b = self.schedule == "1f1b" and grad and training
-        flags = ((StepFlag.GRAD_ENABLED if grad else 0) | (StepFlag.SAMPLE_IDS if ids is not None else 0)
-                 | (StepFlag.ONE_F_ONE_B if one_f_one_b else 0))
-        runtime.command(Command.FORWARD, len(microbatches), flags=flags)
-        if ids is not None:
-            runtime.send_sample_ids(ids, self._sample_ids.num_samples)
-        if one_f_one_b:
-            loss_of = self._losses.loss_fn(self.lightning_module, self._step_batch, microbatches)
-            with self._stash.set_aside(self.lightning_module):
-                outputs = runtime.run_1f1b(microbatches, loss_of)
-        else:
-            outputs = runtime.forward(microbatches)
-        self.stats.samples += batch_size(inputs)
-        self.stats.steps += 1
-        output = gather(outputs)
-        return as_leaf(output) if one_f_one_b else output
+        return self._client.forward(self.runtime, self.lightning_module, inputs)
 
     def _run_step(self, hook: str, context: Any, *args: Any, **kwargs: Any) -> Any:
         training = hook == "training_step"
@@ -488,29 +461,10 @@ class EPipeStrategy(ParallelStrategy):
         if not self.is_client:
             with context:
                 return self._serve(training, automatic)
-        runtime = self.runtime
-        self._step_batch = (args[0] if args else kwargs.get("batch")) if training else None
-        self._driving = True
-        try:
-            with context:
-                output = getattr(self.lightning_module, hook)(*args, **kwargs)
-        finally:
-            self._driving = False
-        if training:
-            self._losses.check_returned(output)
-        if training and automatic:
-            loss = output["loss"] if isinstance(output, Mapping) else output
-            if loss is not None and self.config.nonfinite == "skip" and not bool(torch.isfinite(loss).all()):
-                rank_zero_warn(f"EPipeStrategy: the loss of step {runtime.step} is not finite; skipping the step on every rank")
-                output = None
-            if output is None:  # skipped on every rank, as on one device
-                runtime.discard()
-                runtime.command(Command.SKIP_STEP)
-                return self._skipped_step_loss()
-        else:
-            runtime.discard()  # evaluation, or manual optimization whose backward already ran
-        runtime.command(Command.FINISH_STEP)
-        return output
+        batch = (args[0] if args else kwargs.get("batch")) if training else None
+        with self._client.inside(batch), context:
+            output = getattr(self.lightning_module, hook)(*args, **kwargs)
+        return self._skipped_step_loss() if self._client.end(self.runtime, output, training, automatic) else output
 
     def _serve(self, training: bool, automatic: bool) -> Optional[Tensor]:
         """A server's step hook: what Lightning expects back once the client ended the step."""

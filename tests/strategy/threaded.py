@@ -8,6 +8,7 @@ process start-up, under NCCL's or gloo's completion rule.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 from datetime import timedelta
@@ -23,6 +24,7 @@ from lightning_epipe.strategy.microbatch import batch_size, scatter
 from lightning_epipe.strategy.partition import plan_pipeline
 from lightning_epipe.strategy.replicas import ReplicaLayout
 from lightning_epipe.strategy.runtime import PipelineRuntime
+from lightning_epipe.strategy.server_loop import ServerHooks, StepEnd, serve_step
 from lightning_epipe.strategy.stats import PipelineStats
 from lightning_epipe.strategy.streams import pipeline_streams
 from lightning_epipe.strategy.transport import Transport
@@ -83,17 +85,16 @@ def _client(runtime: PipelineRuntime, stages: nn.Module, batches, chunks: int, s
         _sgd(stages)
 
 
+def _no_optimizer_step(index: int) -> None:
+    raise AssertionError("automatic optimization sends no OPTIMIZER_STEP")
+
+
 def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int) -> None:
+    """The strategy's own server loop; Lightning's part (backward, optimizer step) done by hand."""
+    hooks = ServerHooks(after_backward=lambda: None, optimizer_step=_no_optimizer_step,
+                        set_gradients_aside=contextlib.nullcontext)  # 1F1B's gradients stay for the SGD below
     for _ in range(steps):
-        msg = runtime.next_command()
-        assert msg.command == Command.FORWARD, msg
-        runtime.begin_step(msg.num_microbatches)
-        if msg.flags & StepFlag.ONE_F_ONE_B:
-            runtime.run_1f1b()
-        else:
-            runtime.forward()
-        msg = runtime.next_command()
-        assert msg.command == Command.FINISH_STEP, msg
+        assert serve_step(runtime, hooks, training=True) is StepEnd.FINISHED
         runtime.backward()
         _sgd(stages)
 
