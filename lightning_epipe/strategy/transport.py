@@ -16,6 +16,12 @@ it has read the one before, so a notice is never mistaken for a frame.
 Checksums: CRC32 of the payload, computed where the payload is in host memory (gloo);
 on accelerator links the header says 0 and NCCL's own integrity checks stand.
 
+Link rates: every data frame's send is timed from its post to its completion, as the
+sender sees it (pending sends are polled before every send and around every receive), and
+kept per peer in a :class:`~lightning_epipe.strategy.linkrate.TransferWindow` (``rates``),
+marked *queued* when the next frame to that peer was posted before it completed: what
+``compressor="auto"`` decides from.
+
 Host staging (``host_staged=True``: gloo between GPUs, e.g. a TCP link between sites): frames
 live in pinned host memory; a payload is copied off the GPU into its frame before the send
 and back onto it after the receive (asynchronously, from pinned memory). Every wait
@@ -33,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_epipe.strategy.linkrate import Transfer, TransferWindow
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.streams import CONTROL, stream_name
 from lightning_epipe.strategy.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
@@ -62,6 +69,7 @@ class _Sent:
     posted_at: float
     link: Optional[LinkKey]  # where the transfer's time goes (None: control messages)
     timed: bool = False
+    queued: bool = False  # another data frame to the same peer was posted before this one completed
 
 
 @dataclass
@@ -130,6 +138,7 @@ class Transport:
         self._frame_sizes: dict[tuple[str, int, int, Key], int] = {}  # (stream, src, dst, key) -> bytes
         self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
         self._pending: list[_Sent] = []
+        self.rates: dict[int, TransferWindow] = {}  # peer -> the latest data transfers to it
 
     def link(self, peer: int, outgoing: bool) -> str:
         me, other = self.offset + self.rank, self.offset + peer
@@ -178,6 +187,10 @@ class Transport:
         return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=self.host_staged and device.type == "cpu")
 
     def _post(self, frame: Tensor, peer: int, group: Any, what: str, link: Optional[LinkKey] = None) -> None:
+        if link is not None:  # sends still in flight to this peer now queue behind one more
+            for sent in self._pending:
+                if sent.link is not None and sent.peer == peer and not sent.timed:
+                    sent.queued = True
         work = self.backend.isend(frame, self.offset + peer, group)
         self._pending.append(_Sent(work, frame, peer, what, time.perf_counter(), link))
 
@@ -190,7 +203,12 @@ class Transport:
     def _time(self, sent: _Sent) -> None:
         sent.timed = True
         if sent.link is not None:
-            self.stats.link(sent.link).add_transfer(sent.frame.numel(), time.perf_counter() - sent.posted_at)
+            now = time.perf_counter()
+            self.stats.link(sent.link).add_transfer(sent.frame.numel(), now - sent.posted_at)
+            window = self.rates.get(sent.peer)
+            if window is None:
+                window = self.rates[sent.peer] = TransferWindow()
+            window.add(Transfer(sent.posted_at, now, sent.frame.numel(), sent.queued))
 
     def flush(self) -> None:
         """Wait until every posted send has left (bounded by the timeout)."""
@@ -226,7 +244,9 @@ class Transport:
             posted = self._post_recv(name, group, device, peer, key)
         elif posted.key != key:
             raise WireError(f"{link}: {what}: the {name} stream was posted for message {posted.key}, not {key}")
+        self._poll_sends()  # completions seen sooner: the rates in ``rates`` are closer to the truth
         self._wait(posted.work, peer, what, blocking=not idle)
+        self._poll_sends()
         header = Header.read(posted.frame, link)
         header.expect(link, **expect)
         frame = posted.frame
