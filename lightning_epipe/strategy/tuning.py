@@ -62,7 +62,7 @@ __all__ = ["AutoTuner", "probe_bandwidth", "hidden_seconds"]
 
 _PROBE_ROUNDS = 3
 #: Ends the reason of a choice made on a probe (the reason is what travels to every rank).
-_PROBED = "link rate: probe of one message"
+_PROBED = "(a probe: no traffic measured yet)"
 
 
 def probe_bandwidth(src: int, dst: int, nbytes: int, rank: int, device: torch.device, rounds: int = _PROBE_ROUNDS) -> Optional[float]:
@@ -229,8 +229,8 @@ class AutoTuner:
         budget = self.error_budget if self.error_budget is not None else default_error_budget(direction)
         profiles = profile_codecs(sample.detach(), self.candidates)
         choice = choose_codec(profiles, nbytes, bandwidth, budget, cut, direction, hidden_s)
-        source = f"link rate: {measured.describe()}" if measured is not None else f"{nbytes / 1e6:.3g} MB, {_PROBED}"
-        return dataclasses.replace(choice, reason=f"{choice.reason}; {source}")
+        source = measured.describe() if measured is not None else f"one {nbytes}-byte message ping-ponged {_PROBED}"
+        return dataclasses.replace(choice, reason=f"{choice.reason}; link rate: {source}")
 
     def _apply(self, choice: LinkChoice, codecs: CodecBook) -> None:
         self.choices[(choice.cut, choice.direction)] = choice
