@@ -511,6 +511,8 @@ class EPipeStrategy(ParallelStrategy):
                 offset=self.layout.offset(self.global_rank), groups=groups, control_group=control, control_device=host,
                 host_staged=self._process_group_backend == "gloo",  # gloo carries host memory only
             )
+            if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
+                self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
         self._runtime = PipelineRuntime(
             plan, self.pipeline_rank, layers, self._pipe_transport, self._codecs, self.stats, self.nonfinite,
             self.checkpoint, self._bottlenecks,

@@ -174,6 +174,11 @@ class TransferWindow:
     def nbytes(self) -> int:
         return self._nbytes
 
+    @property
+    def transfers(self) -> tuple[Transfer, ...]:
+        """What is kept, oldest first."""
+        return tuple(self._transfers)
+
     def add(self, transfer: Transfer) -> None:
         self._transfers.append(transfer)
         self._nbytes += transfer.nbytes

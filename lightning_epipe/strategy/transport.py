@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_epipe.strategy.linkrate import Transfer, TransferWindow
+from lightning_epipe.strategy.linkrate import MIN_BYTES, WINDOW_BYTES, Transfer, TransferWindow
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.streams import CONTROL, stream_name
 from lightning_epipe.strategy.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
@@ -139,6 +139,7 @@ class Transport:
         self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
         self._pending: list[_Sent] = []
         self.rates: dict[int, TransferWindow] = {}  # peer -> the latest data transfers to it
+        self.rate_window_bytes = WINDOW_BYTES  # how much of them each window keeps
 
     def link(self, peer: int, outgoing: bool) -> str:
         me, other = self.offset + self.rank, self.offset + peer
@@ -207,7 +208,8 @@ class Transport:
             self.stats.link(sent.link).add_transfer(sent.frame.numel(), now - sent.posted_at)
             window = self.rates.get(sent.peer)
             if window is None:
-                window = self.rates[sent.peer] = TransferWindow()
+                size = self.rate_window_bytes
+                window = self.rates[sent.peer] = TransferWindow(size, min(MIN_BYTES, size))
             window.add(Transfer(sent.posted_at, now, sent.frame.numel(), sent.queued))
 
     def flush(self) -> None:

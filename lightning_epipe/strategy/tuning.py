@@ -53,7 +53,7 @@ from lightning_epipe.strategy.autotune import (
     needs_retune,
 )
 from lightning_epipe.strategy.codecs import CodecBook
-from lightning_epipe.strategy.linkrate import MIN_BYTES, WINDOW_BYTES, LinkRate, TransferWindow
+from lightning_epipe.strategy.linkrate import MIN_BYTES, WINDOW_BYTES, LinkRate, TransferWindow, estimate_rate
 from lightning_epipe.strategy.metrics_sync import broadcast_json
 from lightning_epipe.strategy.partition import PipelinePlan
 from lightning_epipe.strategy.timing import synchronize
@@ -191,7 +191,8 @@ class AutoTuner:
         seconds, microbatches = compute
         before_s, before_mb = self._compute_mark
         self._compute_mark = (seconds, microbatches)
-        estimates = {str(peer): window.estimate() for peer, window in sorted(rates.items())}
+        estimates = {str(peer): estimate_rate(window.transfers) for peer, window in sorted(rates.items())
+                     if window.nbytes >= self.min_bytes}
         return {"rates": {peer: r.to_json() for peer, r in estimates.items() if r is not None},
                 "sent": {str(peer): window.nbytes for peer, window in sorted(rates.items())},
                 "compute_s": max(0.0, seconds - before_s), "microbatches": max(0, microbatches - before_mb)}

@@ -1,5 +1,6 @@
-"""compressor="auto" across real processes: every link probed, profiled and decided at the
-same step on both of its ends; a zero error budget keeps training exact."""
+"""compressor="auto" across real processes: every link measured (or, before it has carried
+enough, probed), profiled and decided at the same step on both of its ends; a zero error
+budget keeps training exact."""
 
 from __future__ import annotations
 
@@ -23,6 +24,25 @@ def test_every_link_gets_a_codec_within_budget_and_training_goes_on(tmp_path):
     assert sorted(got["auto"]) == sorted(f"{d}/cut{c}" for d in ("activation", "gradient") for c in range(3))
     assert "EPipeStrategy compressor='auto' at step 1:" in log and "ms/msg" in log
     assert len(got["losses"]) == 8 and all(torch.isfinite(torch.tensor(got["losses"])))
+    # tiny messages: far below the default 2 MiB of traffic, so step 1 is decided on probes
+    first = [d for d in got["auto_history"] if d["step"] == 1]
+    assert len(first) == 6 and all("(a probe: no traffic measured yet)" in d["reason"] for d in first)
+
+
+def test_decisions_come_from_the_trainings_own_traffic(tmp_path):
+    out = tmp_path / "r.pt"
+    kwargs = {"retune_every": 3, "min_bytes": 1024, "window_bytes": 1 << 16}
+    _, log = run_ranks(SCRIPT, "--out", out, "--steps", 5, "--compressor", "auto",
+                       "--compressor-kwargs", json.dumps(kwargs), timeout=240)
+    got = torch.load(out, weights_only=False)
+    history = got["auto_history"]
+    assert "probe" not in log and {d["step"] for d in history} <= {1, 2, 4}
+    assert sorted({d["link"] for d in history if d["step"] == 1}) == sorted(got["auto"])
+    assert len(got["auto"]) == 6  # every link decided
+    for d in history:
+        assert "link rate: " in d["reason"] and ("sustained" in d["reason"] or "not saturated" in d["reason"])
+        assert 0 < d["bandwidth"] < float("inf")
+    assert len(got["losses"]) == 5 and all(torch.isfinite(torch.tensor(got["losses"])))
 
 
 def test_zero_error_budget_picks_lossless_codecs_and_stays_exact(tmp_path):
