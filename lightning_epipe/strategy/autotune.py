@@ -16,16 +16,21 @@ Cost model (what a message adds to a pipelined step):
   stages: they count in full;
 - the transfer is asynchronous (sends are posted and not waited on; receives are posted
   ahead), so it overlaps compute. In steady state a pipeline advances one micro-batch per
-  period of its slowest resource: a transfer no longer than ``hidden_s``, the slowest
-  stage's compute per micro-batch and direction, is hidden; only the excess is paid.
+  period of its slowest resource, and each direction of a link carries one message per
+  micro-batch: a transfer no longer than ``hidden_s``, the slowest rank's compute per
+  micro-batch (forward and backward), keeps pace and is hidden; only the excess is paid.
   ``hidden_s=0`` (the default) counts every transfer in full.
 
-Simplifications, all on the side of compressing slightly more than needed: the link's two
-directions and its other messages are not charged against each other's hiding time, and
-``hidden_s`` is half of a micro-batch's forward+backward compute (the tuner measures it,
-:class:`~lightning_epipe.strategy.tuning.AutoTuner`). With an infinitely fast link, or one
-whose transfers all hide, every codec only costs its encode and decode time and the
-cheapest one (normally ``none``) wins.
+Why the slowest rank's whole micro-batch: it is exact for 1F1B's steady state, and it also
+hides what a sender measures as transfer time but is the receiver being busy (a send
+completes only once the receiver has posted its receive, which it does one message ahead;
+a slower next stage makes every send look that long, see
+:mod:`~lightning_epipe.strategy.linkrate`). Under GPipe, activations cross during the
+forward phase only, so this hides more than GPipe does: a link whose transfers are a little
+longer than the slowest forward but shorter than forward + backward stays uncompressed.
+The tuner measures ``hidden_s`` (:class:`~lightning_epipe.strategy.tuning.AutoTuner`). With
+an infinitely fast link, or one whose transfers all hide, every codec only costs its encode
+and decode time and the cheapest one (normally ``none``) wins.
 
 Profiles are taken on a tensor of the link's message size: their seconds are used as they
 are, not rescaled to ``raw_nbytes``.

@@ -8,23 +8,23 @@ then every ``retune_every`` steps:
    to, the sustained rate of the training's own messages over the latest ``window_bytes``
    (:mod:`~lightning_epipe.strategy.linkrate`: bytes / busy transfer time, or a lower
    bound where the link was not saturated), and its compute seconds per micro-batch.
-2. A link (a cut and a direction) whose sender has not yet sent ``min_bytes`` and that
-   has no codec yet is probed by its sender and receiver (``probe_bandwidth``, a ping-pong
-   of one message): the very first estimate only. Probes fit in a token bucket's burst or
-   a socket buffer and can read far too fast, so as soon as the link has carried enough
-   traffic the measured rate replaces the probe's (a link decided on a probe is always
-   decided again on its first measured rate).
+2. A link (a cut and a direction) whose sender has not yet sent ``min_bytes`` to that peer
+   waits, uncompressed, for a later check. There is no probe: a ping-pong of one message
+   (``probe_bandwidth``, still used by ``balance="measured"``) fits in a token bucket's
+   burst or a socket buffer and reads far too fast (on ``tbf rate 20mbit burst 1mbit`` it
+   gave 3 of 4 links ~90x their rate and auto lost to a fixed codec), while a few steps of
+   uncompressed traffic measure the link with the most bytes it will ever carry, and cost
+   only those few steps; the checks at steps 1, 2, 4, 8, ... decide as soon as it is enough.
 3. Where the rate moved by more than ``tolerance`` since the link's decision (a lower
    bound only when it rose above that), the sender profiles every candidate codec on the
    last tensor it sent there (the runtime's ``samples``) and picks the fastest within the
    error budget (:func:`~lightning_epipe.strategy.autotune.choose_codec`), a transfer
-   hidden behind half the slowest rank's compute per micro-batch (the cost model of
+   hidden behind the slowest rank's compute per micro-batch (the cost model of
    :mod:`~lightning_epipe.strategy.autotune`).
 4. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
    them, so the two ends of a link switch codecs at the same step.
 
-Until the first decision (after the first training step) auto links send uncompressed:
-that step's traffic is often already enough to decide from. Candidates never include a
+Until a link's first decision it sends uncompressed. Candidates never include a
 learned bottleneck (it changes the model; combine ``compressor="bottleneck"`` with a fixed
 wire codec instead): they must be registered codec names.
 """
@@ -61,8 +61,6 @@ from lightning_epipe.strategy.timing import synchronize
 __all__ = ["AutoTuner", "probe_bandwidth", "hidden_seconds"]
 
 _PROBE_ROUNDS = 3
-#: Ends the reason of a choice made on a probe (the reason is what travels to every rank).
-_PROBED = "(a probe: no traffic measured yet)"
 
 
 def probe_bandwidth(src: int, dst: int, nbytes: int, rank: int, device: torch.device, rounds: int = _PROBE_ROUNDS) -> Optional[float]:
@@ -90,16 +88,16 @@ def probe_bandwidth(src: int, dst: int, nbytes: int, rank: int, device: torch.de
 
 
 def hidden_seconds(reports: Mapping[int, Mapping[str, Any]]) -> float:
-    """Compute seconds per message a transfer hides behind: half the slowest rank's compute
-    per micro-batch (forward + backward) since the last check; 0 when none was measured.
+    """Compute seconds per message a transfer hides behind: the slowest rank's compute per
+    micro-batch (forward + backward) since the last check; 0 when none was measured.
 
     ``reports``: rank -> ``{"compute_s": seconds, "microbatches": count, ...}``.
 
         >>> hidden_seconds({0: {"compute_s": 0.8, "microbatches": 8}, 1: {"compute_s": 1.6, "microbatches": 8}})
-        0.1
+        0.2
     """
     per_mb = [r["compute_s"] / r["microbatches"] for r in reports.values() if r.get("microbatches", 0) > 0]
-    return max(per_mb, default=0.0) / 2
+    return max(per_mb, default=0.0)
 
 
 class AutoTuner:
@@ -108,8 +106,8 @@ class AutoTuner:
     Checks at steps 1, 2, 4, 8, ... then every ``retune_every`` steps (:meth:`due`); a
     link is decided again when its measured rate drifted by more than ``tolerance`` (0.5:
     below half or above 1.5x the rate it was decided for). ``window_bytes``: how much of the
-    latest traffic per link the rate is measured over; ``min_bytes``: below that a link not
-    yet decided is probed instead. ``history`` lists every ``(step, LinkChoice)`` made, on
+    latest traffic per link the rate is measured over; ``min_bytes``: how much a link must
+    have carried before it is decided (uncompressed until then). ``history`` lists every ``(step, LinkChoice)`` made, on
     every rank (the monitor logs it).
 
         >>> tuner = AutoTuner(retune_every=10)
@@ -137,7 +135,6 @@ class AutoTuner:
         self.min_bytes = min_bytes
         self.choices: dict[tuple[int, str], LinkChoice] = {}   # every rank: the choice of every auto link
         self.history: list[tuple[int, LinkChoice]] = []         # every rank: (step, choice) as made
-        self._probed: set[tuple[int, str]] = set()              # links whose choice rests on a probe
         self._last_step: Optional[int] = None
         self._compute_mark = (0.0, 0)                           # this rank's (compute s, micro-batches) at the last check
 
@@ -170,7 +167,7 @@ class AutoTuner:
         hidden_s = hidden_seconds(reports)
         mine = []
         for direction, cut in codecs.auto_links():
-            choice = self._decide(direction, cut, plan, rank, offset, device, samples, reports, hidden_s)
+            choice = self._decide(direction, cut, plan, rank, samples, reports, hidden_s)
             if choice is not None:
                 mine.append(choice)
         made: list[LinkChoice] = []
@@ -179,9 +176,6 @@ class AutoTuner:
         for choice in made:
             self._apply(choice, codecs)
             self.history.append((step, choice))
-            self._probed.discard((choice.cut, choice.direction))
-            if choice.reason.endswith(_PROBED):  # decided again as soon as the link has carried enough
-                self._probed.add((choice.cut, choice.direction))
         if made and offset + rank == 0:
             rank_zero_info(f"EPipeStrategy compressor='auto' at step {step}:\n{format_choices(made)}")
         return made
@@ -194,7 +188,6 @@ class AutoTuner:
         estimates = {str(peer): estimate_rate(window.transfers) for peer, window in sorted(rates.items())
                      if window.nbytes >= self.min_bytes}
         return {"rates": {peer: r.to_json() for peer, r in estimates.items() if r is not None},
-                "sent": {str(peer): window.nbytes for peer, window in sorted(rates.items())},
                 "compute_s": max(0.0, seconds - before_s), "microbatches": max(0, microbatches - before_mb)}
 
     @staticmethod
@@ -203,50 +196,38 @@ class AutoTuner:
         """Every rank of replica 0 broadcasts its report; every rank gets all of them."""
         return {src: broadcast_json(report if src == offset + rank else None, device, src) for src in range(plan.num_ranks)}
 
-    def _decide(self, direction: str, cut: int, plan: PipelinePlan, rank: int, offset: int, device: torch.device,
-                samples: dict[tuple[str, int], Tensor], reports: dict[int, dict[str, Any]],
-                hidden_s: float) -> Optional[LinkChoice]:
-        """One link: its rate (measured, else probed by both ends), then the sender's choice or None."""
+    def _decide(self, direction: str, cut: int, plan: PipelinePlan, rank: int, samples: dict[tuple[str, int], Tensor],
+                reports: dict[int, dict[str, Any]], hidden_s: float) -> Optional[LinkChoice]:
+        """The sender's choice for one link, or None (not the sender, too little traffic yet, no drift)."""
         sender, receiver = plan.cut_ranks(cut)
         if direction == "gradient":
             sender, receiver = receiver, sender
-        key = (cut, direction)
-        raw = reports[sender]["rates"].get(str(receiver))
-        measured = LinkRate.from_json(raw) if raw is not None else None
-        probe = measured is None and key not in self.choices  # same answer on every rank
-        if rank not in (sender, receiver):
-            return None
         sample = samples.get((direction, cut))
-        nbytes = 0 if sample is None else sample.numel() * sample.element_size()
-        probed = probe_bandwidth(offset + sender, offset + receiver, nbytes, offset + rank, device) if probe else None
-        if rank != sender or sample is None or (measured is None and probed is None):
+        raw = reports[sender]["rates"].get(str(receiver))
+        if rank != sender or sample is None or raw is None:
             return None
-        bandwidth = measured.bandwidth if measured is not None else probed
-        lower_bound = measured is not None and measured.lower_bound
-        old = self.choices.get(key)
-        if old is not None and key not in self._probed and not needs_retune(old.bandwidth, bandwidth, self.tolerance,
-                                                                             lower_bound):
+        rate = LinkRate.from_json(raw)
+        old = self.choices.get((cut, direction))
+        if old is not None and not needs_retune(old.bandwidth, rate.bandwidth, self.tolerance, rate.lower_bound):
             return None
         budget = self.error_budget if self.error_budget is not None else default_error_budget(direction)
         profiles = profile_codecs(sample.detach(), self.candidates)
-        choice = choose_codec(profiles, nbytes, bandwidth, budget, cut, direction, hidden_s)
-        source = measured.describe() if measured is not None else f"one {nbytes}-byte message ping-ponged {_PROBED}"
-        return dataclasses.replace(choice, reason=f"{choice.reason}; link rate: {source}")
+        nbytes = sample.numel() * sample.element_size()
+        choice = choose_codec(profiles, nbytes, rate.bandwidth, budget, cut, direction, hidden_s)
+        return dataclasses.replace(choice, reason=f"{choice.reason}; link rate: {rate.describe()}")
 
     def _apply(self, choice: LinkChoice, codecs: CodecBook) -> None:
         self.choices[(choice.cut, choice.direction)] = choice
         codecs.choose(choice.direction, choice.cut, choice.name, choice.kwargs)
 
     def state_dict(self) -> dict:
-        """JSON-able: the choices in force (with the rates they were made for), the step of the
-        last check and the links decided on a probe (for checkpoints)."""
-        return {"choices": choices_to_json(self.choices.values()), "last_step": self._last_step,
-                "probed": [[c, d] for c, d in sorted(self._probed)]}
+        """JSON-able: the choices in force (with the rates they were made for) and the step of
+        the last check (for checkpoints)."""
+        return {"choices": choices_to_json(self.choices.values()), "last_step": self._last_step}
 
     def load_state_dict(self, state: dict, codecs: CodecBook) -> None:
         """Put a checkpoint's choices back in force on this rank (every rank reads the checkpoint)."""
         self._last_step = state.get("last_step")
-        self._probed = {(int(c), str(d)) for c, d in state.get("probed", [])}
         for choice in choices_from_json(state.get("choices", [])):
             self._apply(choice, codecs)
 
