@@ -16,9 +16,10 @@ Cost model (what a message adds to a pipelined step):
   stages: they count in full;
 - the transfer is asynchronous (sends are posted and not waited on; receives are posted
   ahead), so it overlaps compute. In steady state a pipeline advances one micro-batch per
-  period of its slowest resource, and each direction of a link carries one message per
-  micro-batch: a transfer no longer than ``hidden_s``, the slowest rank's compute per
-  micro-batch (forward and backward), keeps pace and is hidden; only the excess is paid.
+  period of its slowest resource: a link's messages of one micro-batch that take no longer
+  than the slowest rank's compute for it (forward and backward) keep pace and are hidden.
+  ``hidden_s`` is a message's share of that compute (the tuner divides it by the messages
+  the link carries per micro-batch); only a transfer's excess over it is paid.
   ``hidden_s=0`` (the default) counts every transfer in full.
 
 Why the slowest rank's whole micro-batch: it is exact for 1F1B's steady state, and it also

@@ -19,8 +19,10 @@ then every ``retune_every`` steps:
    bound only when it rose above that), the sender profiles every candidate codec on the
    last tensor it sent there (the runtime's ``samples``) and picks the fastest within the
    error budget (:func:`~lightning_epipe.strategy.autotune.choose_codec`), a transfer
-   hidden behind the slowest rank's compute per micro-batch (the cost model of
-   :mod:`~lightning_epipe.strategy.autotune`).
+   hidden behind its share of the slowest rank's compute per micro-batch: that compute
+   divided by the messages the same sender -> receiver link carries per micro-batch (an
+   activation and a gradient of two cuts, in the client-server placement) (the cost model
+   of :mod:`~lightning_epipe.strategy.autotune`).
 4. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
    them, so the two ends of a link switch codecs at the same step.
 
@@ -58,7 +60,7 @@ from lightning_epipe.strategy.metrics_sync import broadcast_json
 from lightning_epipe.strategy.partition import PipelinePlan
 from lightning_epipe.strategy.timing import synchronize
 
-__all__ = ["AutoTuner", "probe_bandwidth", "hidden_seconds"]
+__all__ = ["AutoTuner", "probe_bandwidth", "hidden_seconds", "messages_per_microbatch"]
 
 _PROBE_ROUNDS = 3
 
@@ -98,6 +100,19 @@ def hidden_seconds(reports: Mapping[int, Mapping[str, Any]]) -> float:
     """
     per_mb = [r["compute_s"] / r["microbatches"] for r in reports.values() if r.get("microbatches", 0) > 0]
     return max(per_mb, default=0.0)
+
+
+def messages_per_microbatch(plan: PipelinePlan, sender: int, receiver: int) -> int:
+    """Messages rank ``sender`` sends rank ``receiver`` per micro-batch: the activations of the
+    cuts from it to it and the gradients of the cuts from it back (one tensor each; at least 1).
+
+        >>> from lightning_epipe.strategy import plan_pipeline
+        >>> plan = plan_pipeline(4, 2, [1, 2, 1])  # client-server: stages on ranks 0, 1, 0
+        >>> messages_per_microbatch(plan, 0, 1)  # activation of cut 0, gradient of cut 1
+        2
+    """
+    cuts = [plan.cut_ranks(c) for c in range(plan.num_cuts)]
+    return max(1, sum((s, r) == (sender, receiver) or (r, s) == (sender, receiver) for s, r in cuts))
 
 
 class AutoTuner:
@@ -213,6 +228,7 @@ class AutoTuner:
         budget = self.error_budget if self.error_budget is not None else default_error_budget(direction)
         profiles = profile_codecs(sample.detach(), self.candidates)
         nbytes = sample.numel() * sample.element_size()
+        hidden_s /= messages_per_microbatch(plan, sender, receiver)
         choice = choose_codec(profiles, nbytes, rate.bandwidth, budget, cut, direction, hidden_s)
         return dataclasses.replace(choice, reason=f"{choice.reason}; link rate: {rate.describe()}")
 

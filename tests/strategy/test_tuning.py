@@ -12,7 +12,7 @@ import torch
 from lightning_epipe.strategy import plan_pipeline
 from lightning_epipe.strategy.codecs import CodecBook, resolve_specs
 from lightning_epipe.strategy.linkrate import Transfer, TransferWindow
-from lightning_epipe.strategy.tuning import AutoTuner, hidden_seconds
+from lightning_epipe.strategy.tuning import AutoTuner, hidden_seconds, messages_per_microbatch
 
 PLAN = plan_pipeline(4, 2, [1, 2, 1])  # stage ranks (0, 1, 0): rank 0 sends activation/cut0 and gradient/cut1 to rank 1
 CANDIDATES = (("none", {}), ("fp16", {}), ("quantize", {"bits": 8}))
@@ -93,10 +93,17 @@ def test_drift_beyond_the_tolerance_decides_again_a_lower_bound_only_upward():
 
 def test_compute_hides_a_slow_transfer():
     world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
-    world.peer_report |= {"compute_s": 100.0, "microbatches": 10}  # rank 1: 10 s per micro-batch hide a transfer
+    world.peer_report |= {"compute_s": 100.0, "microbatches": 10}  # rank 1: 10 s per micro-batch
     made = world.check(tuner, 1, codecs, {1: window(1 * MB)}, compute=(1.0, 10))
     assert {c.label for c in made} == {"none"}
-    assert all("1e+04 ms of compute hides a transfer" in c.reason for c in made)
+    # rank 0 -> 1 carries two messages per micro-batch (activation/cut0, gradient/cut1): 5 s each
+    assert all("5e+03 ms of compute hides a transfer" in c.reason for c in made)
+
+
+def test_messages_per_microbatch_counts_both_kinds_on_one_direction():
+    assert messages_per_microbatch(PLAN, 0, 1) == 2 and messages_per_microbatch(PLAN, 1, 0) == 2
+    chain = plan_pipeline(4, 3, [2, 1, 1], "chain")  # stages on ranks 1, 2, 0: cuts 1 -> 2, 2 -> 0
+    assert [messages_per_microbatch(chain, *pair) for pair in ((1, 2), (2, 1), (0, 2), (0, 1))] == [1, 1, 1, 1]
 
 
 def test_hidden_seconds_is_the_slowest_ranks_compute_per_microbatch():
