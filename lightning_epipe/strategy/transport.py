@@ -20,7 +20,9 @@ Link rates: every data frame's send is timed from its post to its completion, as
 sender sees it (pending sends are polled before every send and around every receive), and
 kept per peer in a :class:`~lightning_epipe.strategy.linkrate.TransferWindow` (``rates``),
 marked *queued* when the next frame to that peer was posted before it completed: what
-``compressor="auto"`` decides from.
+``compressor="auto"`` decides from. A frame announced by a ``RESIZE`` notice is left out:
+its receive is posted only when the receiver reads the notice, so its time is mostly the
+receiver's (every frame of the first step, and of the step after a codec changes size).
 
 Host staging (``host_staged=True``: gloo between GPUs, e.g. a TCP link between sites): frames
 live in pinned host memory; a payload is copied off the GPU into its frame before the send
@@ -70,6 +72,7 @@ class _Sent:
     link: Optional[LinkKey]  # where the transfer's time goes (None: control messages)
     timed: bool = False
     queued: bool = False  # another data frame to the same peer was posted before this one completed
+    resized: bool = False  # announced by a RESIZE notice: its receive was not posted ahead
 
 
 @dataclass
@@ -173,27 +176,29 @@ class Transport:
         slot = (name, self.rank, peer, _key(header.kind, header.microbatch, header.index))
         expected = self._frame_sizes.get(slot, HEADER_NBYTES)
         nbytes = frame.numel()
-        if expected != frame.numel():  # announce the new size in a frame of the size the peer expects
+        resized = expected != frame.numel()
+        if resized:  # announce the new size in a frame of the size the peer expects
             notice = torch.zeros(expected, dtype=torch.uint8, device=device)
             Header(header.kind, header.step, header.microbatch, header.num_microbatches, header.index, header.count,
                    header.flags | Flag.RESIZE, size, 0, header.arg).write(notice)
             self._post(notice, peer, group, what)
             self._frame_sizes[slot] = frame.numel()
         self._poll_sends()
-        self._post(frame, peer, group, what, None if name == CONTROL else LinkKey("send", peer, name))
+        self._post(frame, peer, group, what, None if name == CONTROL else LinkKey("send", peer, name), resized)
         return nbytes
 
     def _frame(self, nbytes: int, device: torch.device) -> Tensor:
         """A frame buffer: pinned host memory when it stages a GPU's tensors."""
         return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=self.host_staged and device.type == "cpu")
 
-    def _post(self, frame: Tensor, peer: int, group: Any, what: str, link: Optional[LinkKey] = None) -> None:
+    def _post(self, frame: Tensor, peer: int, group: Any, what: str, link: Optional[LinkKey] = None,
+              resized: bool = False) -> None:
         if link is not None:  # sends still in flight to this peer now queue behind one more
             for sent in self._pending:
                 if sent.link is not None and sent.peer == peer and not sent.timed:
                     sent.queued = True
         work = self.backend.isend(frame, self.offset + peer, group)
-        self._pending.append(_Sent(work, frame, peer, what, time.perf_counter(), link))
+        self._pending.append(_Sent(work, frame, peer, what, time.perf_counter(), link, resized=resized))
 
     def _poll_sends(self) -> None:
         """Time the sends that completed since the last look (their rate is a lower bound)."""
@@ -206,6 +211,8 @@ class Transport:
         if sent.link is not None:
             now = time.perf_counter()
             self.stats.link(sent.link).add_transfer(sent.frame.numel(), now - sent.posted_at)
+            if sent.resized:
+                return
             window = self.rates.get(sent.peer)
             if window is None:
                 size = self.rate_window_bytes
