@@ -119,3 +119,27 @@ def test_rates_travel_as_strict_json():
     for rate in (estimate_rate([Transfer(0.0, 2.0, MB, queued=True)]), estimate_rate([Transfer(0.0, 0.0, 1)])):
         text = json.dumps(rate.to_json(), allow_nan=False)
         assert LinkRate.from_json(json.loads(text)) == rate
+
+
+def test_the_transport_times_data_frames_per_peer_and_leaves_out_resized_ones():
+    from datetime import timedelta
+
+    import torch
+
+    from lightning_epipe.strategy.memory_backend import MemoryFabric
+    from lightning_epipe.strategy.transport import Transport
+    from lightning_epipe.strategy.wire import HEADER_NBYTES, Header, Kind
+
+    fabric = MemoryFabric(2, rule="nccl")  # a send completes once its receive is posted
+    ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=fabric.backend(r)) for r in (0, 1)]
+    payload = torch.zeros(1000, dtype=torch.uint8)
+    for step in (1, 2):  # step 1: every frame is announced by a RESIZE notice; step 2: the sizes are known
+        for mb in range(3):
+            ends[0].send(1, Header(Kind.ACTIVATION, step, mb, 3, 0, 1, 0, 0, 0), payload)
+        for mb in range(3):
+            ends[1].recv(0, "test", kind=Kind.ACTIVATION, step=step, microbatch=mb)
+        ends[0].flush()
+    window = ends[0].rates[1]
+    assert len(window) == 3 and window.nbytes == 3 * (HEADER_NBYTES + 1000)  # step 2's frames only
+    assert [t.queued for t in window.transfers] == [True, True, False]  # posted before the previous completed
+    assert 1 not in ends[1].rates  # the receiver sent nothing
