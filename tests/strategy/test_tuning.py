@@ -158,3 +158,16 @@ def test_bad_settings_raise(kwargs, match):
 def test_the_default_candidates_are_bottleneck_free_codecs():
     names = {name for name, _ in AutoTuner().candidates}
     assert "bottleneck" not in names and {"none", "fp16", "sortquant", "lloydmax"} <= names
+
+
+def test_a_bottleneck_the_user_asked_for_stays_beside_auto_gradients():
+    from lightning_epipe import EPipeStrategy
+    from lightning_epipe.compressors.bottleneck import Bottleneck
+
+    strategy = EPipeStrategy(activation_compressor="bottleneck", gradient_compressor="auto",
+                             compressor_kwargs={"ratio": 0.25})
+    codecs = strategy._check_compressors(2)
+    assert codecs.auto_links() == [("gradient", 0), ("gradient", 1)]
+    assert all(s.bottleneck is not None and not s.auto for s in codecs.specs["activation"])
+    with pytest.raises(ValueError, match="wire='auto' is not supported"):
+        Bottleneck(wire="auto")
