@@ -59,3 +59,18 @@ def test_zero_error_budget_picks_lossless_codecs_and_stays_exact(tmp_path):
     assert set(got["auto"].values()) == {"none"}
     ref = reference(steps=6, batch_size=16)
     torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref.losses), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_a_resumed_run_starts_with_the_checkpoints_choices(tmp_path):
+    kwargs = json.dumps({"min_bytes": 1024, "retune_every": 1000, "tolerance": 1e9})  # no change after resume
+    common = ["--compressor", "auto", "--compressor-kwargs", kwargs, "--epochs", 4, "--timeout", 60]
+    run_ranks(SCRIPT, "--out", tmp_path / "full.pt", "--ckpt-dir", tmp_path / "ckpt", *common, timeout=240)
+    state = torch.load(tmp_path / "ckpt" / "epoch=1.ckpt", weights_only=False)["epipe"]["auto"]
+    saved = {f"{c['direction']}/cut{c['cut']}": c["label"] for c in state["choices"]}
+    assert len(saved) == 6 and state["last_step"] >= 1
+    json.dumps(state, allow_nan=False)  # strict JSON: unlimited rates are written as "inf"
+    run_ranks(SCRIPT, "--out", tmp_path / "resumed.pt", "--resume", tmp_path / "ckpt" / "epoch=1.ckpt", *common,
+              timeout=240)
+    resumed = torch.load(tmp_path / "resumed.pt", weights_only=False)
+    assert resumed["auto"] == saved and resumed["auto_history"] == []
