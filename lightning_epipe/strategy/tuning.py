@@ -122,8 +122,8 @@ class AutoTuner:
     link is decided again when its measured rate drifted by more than ``tolerance`` (0.5:
     below half or above 1.5x the rate it was decided for). ``window_bytes``: how much of the
     latest traffic per link the rate is measured over; ``min_bytes``: how much a link must
-    have carried before it is decided (uncompressed until then). ``history`` lists every ``(step, LinkChoice)`` made, on
-    every rank (the monitor logs it).
+    have carried before it is decided (uncompressed until then). ``history`` lists every
+    ``(step, LinkChoice)`` made, on every rank (the monitor logs it).
 
         >>> tuner = AutoTuner(retune_every=10)
         >>> [s for s in range(1, 40) if tuner.due(s) and tuner.mark(s) is None]
