@@ -10,6 +10,6 @@ CODECS = {
     "fp16": {"compressor": "fp16"},
     "topk-0.1": {"compressor": "topk", "compressor_kwargs": {"fraction": 0.1}},
     "powersgd-4": {"compressor": "powersgd", "compressor_kwargs": {"rank": 4}},
-    # chosen per link after the first step from the probed bandwidth and the codecs' measured speed
+    # chosen per link from the rate of its own traffic (once it has carried 2 MiB) and the codecs' measured speed
     "auto": {"compressor": "auto", "compressor_kwargs": {"retune_every": 1000}},
 }

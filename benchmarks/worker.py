@@ -172,6 +172,7 @@ def run_lightning(cfg: dict) -> dict | None:
                       busy={r: v["compute_s"] for r, v in s["ranks"].items()})
         if strategy.auto_choices:
             result["auto"] = strategy.auto_choices
+            result["auto_decisions"] = s["auto"]  # step, link, codec, rate and reason of each decision
     if memory is not None:
         result["memory"] = memory.ranks
     return result

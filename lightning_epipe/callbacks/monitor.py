@@ -16,7 +16,16 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from typing_extensions import override
 
 from lightning_epipe.callbacks.collect import gather_stats
-from lightning_epipe.callbacks.loggers import define_wandb_axes, log_link_table, log_pipeline_config, pipeline_config
+from lightning_epipe.callbacks.loggers import (
+    AUTO_COLUMNS,
+    auto_metrics,
+    auto_rows,
+    define_wandb_axes,
+    log_auto_table,
+    log_link_table,
+    log_pipeline_config,
+    pipeline_config,
+)
 from lightning_epipe.callbacks.meter import Measurement, PipelineMeter, Stopwatch, format_summary, stats_delta
 from lightning_epipe.strategy.epipe import EPipeStrategy
 from lightning_epipe.strategy.stats import PipelineStats
@@ -42,6 +51,12 @@ class EPipeMonitor(Callback):
     balance, stage ranks, codecs per cut, chunks, schedule); a ``WandbLogger`` gets the axes
     of the metrics and, at the end of fit, the per-link table ``epipe/links``
     (see :mod:`lightning_epipe.callbacks.loggers`).
+
+    With ``compressor="auto"``, each decision is logged at the step it takes effect:
+    ``epipe/auto/<direction>/cut<i>`` (the chosen codec's wire/raw ratio) and
+    ``epipe/auto/<direction>/cut<i>/bandwidth`` (the link's bytes/s it was chosen for); the
+    reasons are printed by the strategy, kept in :meth:`summary` (``auto``) and, for a
+    ``WandbLogger``, logged at the end of fit as the table ``epipe/auto``.
 
     Gathering the servers' counters is a collective at those hooks; every rank takes part,
     no other step costs anything.
@@ -83,6 +98,8 @@ class EPipeMonitor(Callback):
         self._batches = 0
         self._samples = 0
         self._samples_before = 0
+        self._auto_seen = 0  # decisions of compressor="auto" already logged
+        self._auto: list = []  # (step, LinkChoice) of every decision (rank 0)
 
     # ------------------------------------------------------------------ helpers
 
@@ -155,6 +172,15 @@ class EPipeMonitor(Callback):
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         self._samples_before = self._strategy(trainer).stats.samples
 
+    def _log_auto(self, trainer: Trainer, strategy: EPipeStrategy) -> None:
+        """The decisions ``compressor="auto"`` made since the last look (strategies without auto have none)."""
+        history = strategy.auto_history
+        new = history[self._auto_seen:]
+        self._auto_seen = len(history)
+        if new:
+            self._auto.extend(new)
+            self._log(trainer, auto_metrics(new), self.prefix)
+
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -162,6 +188,7 @@ class EPipeMonitor(Callback):
         if trainer.is_global_zero:
             self._batches += 1
             strategy = self._strategy(trainer)
+            self._log_auto(trainer, strategy)  # the strategy decides in its on_train_batch_start, after callbacks
             if self.batch_size_fn is not None:
                 samples = int(self.batch_size_fn(batch))
             else:
@@ -205,6 +232,8 @@ class EPipeMonitor(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.is_global_zero and self._meter is not None and self._meter.latest.ranks:
             log_link_table(trainer.loggers, f"{self.prefix}/links", self.summary())
+        if trainer.is_global_zero:
+            log_auto_table(trainer.loggers, f"{self.prefix}/auto", self._auto)
 
     # ------------------------------------------------------------------ results
 
@@ -215,7 +244,8 @@ class EPipeMonitor(Callback):
         ratios, ``bytes`` (all links), ``links`` (per link: ``codec``, ``messages``,
         ``bytes_sent``, ``bytes_received``, ``raw_bytes``, ``ratio``, ``bandwidth_avg``,
         ``bandwidth_peak`` in bytes/s), ``stages`` and ``ranks`` (compute, wait, bubble),
-        ``compressors``.
+        ``compressors``, ``auto`` (``compressor="auto"``'s decisions: dicts of step, link,
+        codec, ratio, bandwidth, predicted and baseline ms, error, reason).
         """
         if self._meter is None or not self._meter.latest.ranks:
             raise RuntimeError(
@@ -228,6 +258,7 @@ class EPipeMonitor(Callback):
             codecs = sorted({names[c] for c in link["cuts"] if c < len(names)})
             link["codec"] = "raw" if link["kind"] == "input" else "/".join(codecs) or "?"
         out["compressors"] = self._codecs
+        out["auto"] = [dict(zip(AUTO_COLUMNS, row)) for row in auto_rows(self._auto)]
         return out
 
     def format_summary(self) -> str:

@@ -146,6 +146,10 @@ class Bottleneck:
                 raise TypeError(f"bottleneck: {name} must be an nn.Module, got {type(m).__name__}")
         from .registry import get_compressor
 
+        if wire == "auto":
+            raise ValueError("bottleneck: wire='auto' is not supported (compressor='auto' chooses among plain codecs "
+                             "only); give a fixed wire codec such as wire='fp16', or keep the bottleneck on activations "
+                             "and pass gradient_compressor='auto'")
         get_compressor(wire, **wire_kwargs)  # an unknown wire codec or argument fails now
         self.ratio, self.stride, self.init = float(ratio), stride, init
         self.wire, self.wire_kwargs = wire, dict(wire_kwargs)

@@ -1,18 +1,37 @@
 """``compressor="auto"``: pick a codec per cut and direction from measured speeds.
 
 Given, for one direction of one cut (activations forward, gradients backward), the raw
-bytes of a message, the link's measured bandwidth and a :class:`CodecProfile` per candidate
-codec (``lightning_epipe.compressors.profile.profile_codecs`` on a sample of that
-message), :func:`choose_codec` picks the codec with the least predicted time per message
-among those whose relative error is within the direction's error budget. The model is
+bytes of a message, the link's measured bandwidth (the training's own traffic,
+:mod:`lightning_epipe.strategy.linkrate`), the compute seconds a transfer can hide behind
+and a :class:`CodecProfile` per candidate codec
+(``lightning_epipe.compressors.profile.profile_codecs`` on a sample of that message),
+:func:`choose_codec` picks the codec with the least predicted time per message among those
+whose relative error is within the direction's error budget.
 
-    t = encode_s + ratio * raw_nbytes / bandwidth + decode_s
+Cost model (what a message adds to a pipelined step):
 
-i.e. a message's transfer is not overlapped with its own encode and decode (the sender
-encodes, then sends; the receiver receives all of it, then decodes). Overlap with *other*
-messages' compute is ignored, so the model favours compression slightly less than a
-pipeline that hides transfers would; with an infinitely fast link every codec only costs
-its encode and decode time and the cheapest one (normally ``none``) wins.
+    t = encode_s + decode_s + max(0, ratio * raw_nbytes / bandwidth - hidden_s)
+
+- encode runs on the sender and decode on the receiver, on the compute path of their
+  stages: they count in full;
+- the transfer is asynchronous (sends are posted and not waited on; receives are posted
+  ahead), so it overlaps compute. In steady state a pipeline advances one micro-batch per
+  period of its slowest resource: a link's messages of one micro-batch that take no longer
+  than the slowest rank's compute for it (forward and backward) keep pace and are hidden.
+  ``hidden_s`` is a message's share of that compute (the tuner divides it by the messages
+  the link carries per micro-batch); only a transfer's excess over it is paid.
+  ``hidden_s=0`` (the default) counts every transfer in full.
+
+Why the slowest rank's whole micro-batch: it is exact for 1F1B's steady state, and it also
+hides what a sender measures as transfer time but is the receiver being busy (a send
+completes only once the receiver has posted its receive, which it does one message ahead;
+a slower next stage makes every send look that long, see
+:mod:`~lightning_epipe.strategy.linkrate`). Under GPipe, activations cross during the
+forward phase only, so this hides more than GPipe does: a link whose transfers are a little
+longer than the slowest forward but shorter than forward + backward stays uncompressed.
+The tuner measures ``hidden_s`` (:class:`~lightning_epipe.strategy.tuning.AutoTuner`). With
+an infinitely fast link, or one whose transfers all hide, every codec only costs its encode
+and decode time and the cheapest one (normally ``none``) wins.
 
 Profiles are taken on a tensor of the link's message size: their seconds are used as they
 are, not rescaled to ``raw_nbytes``.
@@ -22,6 +41,9 @@ are, not rescaled to ``raw_nbytes``.
     ...             CodecProfile("fp16", "fp16", {}, 0.5, 2e-4, 1e-4, 1e-4)]
     >>> choose_codec(profiles, 4_000_000, 50e6, 0.02, cut=0, direction="activation").label
     'fp16'
+    >>> choose_codec(profiles, 4_000_000, 50e6, 0.02, cut=0, direction="activation",
+    ...              hidden_s=0.08).label  # the 80 ms transfer hides behind 80 ms of compute
+    'none'
 
 Pure: no processes, sockets or torch.distributed; choices travel to every rank as JSON
 (:func:`choices_to_json`, :func:`choices_from_json`), never as pickles.
@@ -81,7 +103,8 @@ class LinkChoice:
 
     seconds: predicted time per message of the chosen codec; baseline_seconds: that of
     ``none`` (the uncompressed message); error: the chosen codec's measured relative
-    error; reason: one line for the log. Rebuild the codec with
+    error; reason: one line for the log; ratio: its wire/raw bytes; bandwidth: the link's
+    bytes/s it was chosen for (``inf``: unlimited). Rebuild the codec with
     ``get_compressor(choice.name, **choice.kwargs)``.
     """
 
@@ -94,6 +117,8 @@ class LinkChoice:
     baseline_seconds: float
     error: float
     reason: str
+    ratio: float = 1.0
+    bandwidth: float = math.inf
 
     @property
     def speedup(self) -> float:
@@ -107,7 +132,8 @@ class LinkMeasurement:
 
     raw_nbytes: bytes of one uncompressed message; bandwidth: bytes per second of the link
     (> 0, ``inf`` for unlimited); profiles: one per candidate codec, measured on such a
-    message; error_budget: None takes :func:`default_error_budget` of the direction.
+    message; error_budget: None takes :func:`default_error_budget` of the direction;
+    hidden_s: compute seconds per message a transfer hides behind (>= 0).
     """
 
     cut: int
@@ -116,8 +142,10 @@ class LinkMeasurement:
     bandwidth: float
     profiles: tuple[CodecProfile, ...]
     error_budget: float | None = None
+    hidden_s: float = 0.0
 
     def __post_init__(self) -> None:
+        _check_hidden(self.hidden_s)
         _check_cut(self.cut)
         _check_direction(self.direction)
         _check_raw_nbytes(self.raw_nbytes)
@@ -134,24 +162,35 @@ class LinkMeasurement:
         return self.error_budget
 
 
-def predicted_seconds(profile: CodecProfile, raw_nbytes: int, bandwidth: float) -> float:
-    """``encode_s + ratio * raw_nbytes / bandwidth + decode_s`` for one message.
+def predicted_seconds(profile: CodecProfile, raw_nbytes: int, bandwidth: float,
+                      hidden_s: float = 0.0) -> float:
+    """``encode_s + decode_s + max(0, ratio * raw_nbytes / bandwidth - hidden_s)``: one
+    message's cost to the step, its transfer hidden behind ``hidden_s`` of compute.
 
-    raw_nbytes: uncompressed bytes (>= 0); bandwidth: bytes/s (> 0, may be ``inf``).
+    raw_nbytes: uncompressed bytes (>= 0); bandwidth: bytes/s (> 0, may be ``inf``);
+    hidden_s: seconds (>= 0).
+
+        >>> from lightning_epipe.compressors.profile import CodecProfile
+        >>> p = CodecProfile("fp16", "fp16", {}, 0.5, 2e-4, 1e-3, 1e-3)
+        >>> round(predicted_seconds(p, 1_000_000, 1e6), 6), predicted_seconds(p, 1_000_000, 1e6, 0.6)
+        (0.502, 0.002)
     """
     _check_raw_nbytes(raw_nbytes)
     _check_bandwidth(bandwidth)
-    return profile.encode_s + profile.ratio * raw_nbytes / bandwidth + profile.decode_s
+    _check_hidden(hidden_s)
+    transfer = profile.ratio * raw_nbytes / bandwidth
+    return profile.encode_s + profile.decode_s + max(0.0, transfer - hidden_s)
 
 
 def choose_codec(profiles: Sequence[CodecProfile], raw_nbytes: int, bandwidth: float,
-                 error_budget: float, cut: int, direction: str) -> LinkChoice:
+                 error_budget: float, cut: int, direction: str, hidden_s: float = 0.0) -> LinkChoice:
     """The fastest codec whose error is within ``error_budget``.
 
     Among the profiles with ``error <= error_budget``, the least
-    :func:`predicted_seconds`; predicted times equal within ``TIE_RTOL`` go to the lower
-    error, then to the earlier profile. ``none`` (error 0) is always eligible; the baseline
-    is its predicted time, or ``raw_nbytes / bandwidth`` when no ``none`` profile is given.
+    :func:`predicted_seconds` (transfers hidden behind ``hidden_s``); predicted times equal
+    within ``TIE_RTOL`` go to the lower error, then to the earlier profile. ``none`` (error
+    0) is always eligible; the baseline is its predicted time, or the uncompressed transfer
+    beyond ``hidden_s`` when no ``none`` profile is given.
 
     Raises ValueError for no profiles, a negative or NaN budget, a bad cut, direction,
     size or bandwidth, and when no profile is within the budget (give a ``none`` one).
@@ -162,7 +201,8 @@ def choose_codec(profiles: Sequence[CodecProfile], raw_nbytes: int, bandwidth: f
     _check_direction(direction)
     _check_raw_nbytes(raw_nbytes)
     _check_bandwidth(bandwidth)
-    timed = [(predicted_seconds(p, raw_nbytes, bandwidth), p) for p in profiles]
+    _check_hidden(hidden_s)
+    timed = [(predicted_seconds(p, raw_nbytes, bandwidth, hidden_s), p) for p in profiles]
     eligible = [(s, p) for s, p in timed if p.error <= error_budget]
     if not eligible:
         errors = ", ".join(f"{p.label} {p.error:.3g}" for p in profiles)
@@ -174,14 +214,14 @@ def choose_codec(profiles: Sequence[CodecProfile], raw_nbytes: int, bandwidth: f
             or s == fastest]
     seconds, best = min(tied, key=lambda sp: sp[1].error)  # min keeps the first on ties
     nones = [s for s, p in timed if p.name == "none"]
-    baseline = min(nones) if nones else raw_nbytes / bandwidth
+    baseline = min(nones) if nones else max(0.0, raw_nbytes / bandwidth - hidden_s)
     runner_up = [(s, p) for s, p in eligible if p is not best]
     over = len(timed) - len(eligible)
     reason = _reason(best, seconds, baseline, bool(nones), bandwidth, error_budget,
-                     min(runner_up, key=lambda sp: sp[0]) if runner_up else None, over)
+                     min(runner_up, key=lambda sp: sp[0]) if runner_up else None, over, hidden_s)
     return LinkChoice(cut=cut, direction=direction, label=best.label, name=best.name,
                       kwargs=dict(best.kwargs), seconds=seconds, baseline_seconds=baseline,
-                      error=best.error, reason=reason)
+                      error=best.error, reason=reason, ratio=best.ratio, bandwidth=float(bandwidth))
 
 
 def choose_all(measurements: Iterable[LinkMeasurement]) -> list[LinkChoice]:
@@ -196,17 +236,19 @@ def choose_all(measurements: Iterable[LinkMeasurement]) -> list[LinkChoice]:
                              "LinkMeasurement per (cut, direction)")
         seen.add((m.cut, m.direction))
         choices.append(choose_codec(m.profiles, m.raw_nbytes, m.bandwidth, m.budget,
-                                    m.cut, m.direction))
+                                    m.cut, m.direction, m.hidden_s))
     return choices
 
 
 def needs_retune(old: LinkMeasurement | float, new_bandwidth: float,
-                 tolerance: float = 0.5) -> bool:
+                 tolerance: float = 0.5, lower_bound: bool = False) -> bool:
     """Whether the bandwidth drifted enough to choose again.
 
     True when ``|new - old| / old > tolerance`` (old: the bandwidth the choice was made
     for, or its LinkMeasurement). With the default 0.5, dropping to below half or rising
     above 1.5x retunes. An unlimited (inf) bandwidth changes only by becoming finite.
+    ``lower_bound``: ``new`` is only a lower bound (a link that was not saturated carried
+    that much): it retunes only by rising above ``old * (1 + tolerance)``.
     """
     old_bandwidth = old.bandwidth if isinstance(old, LinkMeasurement) else old
     _check_bandwidth(old_bandwidth, "old bandwidth")
@@ -215,6 +257,8 @@ def needs_retune(old: LinkMeasurement | float, new_bandwidth: float,
             or math.isnan(tolerance) or tolerance < 0):
         raise ValueError(f"needs_retune: tolerance must be a number >= 0 (a relative "
                          f"change, 0.5 = 50%), got {tolerance!r}")
+    if lower_bound and new_bandwidth <= old_bandwidth:
+        return False
     if math.isinf(old_bandwidth) or math.isinf(new_bandwidth):
         return old_bandwidth != new_bandwidth
     return abs(new_bandwidth - old_bandwidth) / old_bandwidth > tolerance
@@ -223,6 +267,8 @@ def needs_retune(old: LinkMeasurement | float, new_bandwidth: float,
 # -- JSON (choices are broadcast to every rank as text) -------------------------------------
 
 _FIELDS = tuple(f.name for f in fields(LinkChoice))
+_OPTIONAL = ("ratio", "bandwidth")  # absent from checkpoints written before they existed
+_REQUIRED = tuple(f for f in _FIELDS if f not in _OPTIONAL)
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -241,8 +287,10 @@ def choices_to_json(choices: Iterable[LinkChoice]) -> list[dict[str, Any]]:
                 raise ValueError(f"{choice.label}: kwarg {key}={value!r} is not a JSON "
                                  "scalar (str, int, float, bool, None); it cannot be "
                                  "broadcast as JSON")
-        out.append({name: getattr(choice, name) for name in _FIELDS}
-                   | {"kwargs": dict(choice.kwargs)})
+        entry = {name: getattr(choice, name) for name in _FIELDS} | {"kwargs": dict(choice.kwargs)}
+        if math.isinf(choice.bandwidth):
+            entry["bandwidth"] = "inf"  # strict JSON has no Infinity
+        out.append(entry)
     return out
 
 
@@ -254,9 +302,10 @@ def choices_from_json(data: str | Sequence[Mapping[str, Any]]) -> list[LinkChoic
         raise ValueError(f"choices_from_json takes a list of dicts, got {type(data).__name__}")
     choices = []
     for i, entry in enumerate(data):
-        if not isinstance(entry, Mapping) or set(entry) != set(_FIELDS):
+        if not isinstance(entry, Mapping) or not set(_REQUIRED) <= set(entry) <= set(_FIELDS):
             keys = sorted(entry) if isinstance(entry, Mapping) else type(entry).__name__
-            raise ValueError(f"choice {i}: expected the keys {sorted(_FIELDS)}, got {keys}")
+            raise ValueError(f"choice {i}: expected the keys {sorted(_FIELDS)} ({sorted(_OPTIONAL)} "
+                             f"optional), got {keys}")
         _check_cut(entry["cut"])
         _check_direction(entry["direction"])
         for name in ("label", "name", "reason"):
@@ -265,8 +314,10 @@ def choices_from_json(data: str | Sequence[Mapping[str, Any]]) -> list[LinkChoic
         if not isinstance(entry["kwargs"], Mapping):
             raise ValueError(f"choice {i}: kwargs must be a dict, got {entry['kwargs']!r}")
         numbers = {}
-        for name in ("seconds", "baseline_seconds", "error"):
-            value = entry[name]
+        for name in ("seconds", "baseline_seconds", "error", *_OPTIONAL):
+            if name not in entry:
+                continue
+            value = math.inf if name == "bandwidth" and entry[name] == "inf" else entry[name]
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ValueError(f"choice {i}: {name} must be a number, got {value!r}")
             numbers[name] = float(value)
@@ -286,8 +337,10 @@ def format_choices(choices: Iterable[LinkChoice]) -> str:
 
 def _reason(best: CodecProfile, seconds: float, baseline: float, has_none: bool,
             bandwidth: float, budget: float, runner_up: tuple[float, CodecProfile] | None,
-            over: int) -> str:
+            over: int, hidden_s: float = 0.0) -> str:
     link = "unlimited bandwidth" if math.isinf(bandwidth) else f"{bandwidth / 1e6:.1f} MB/s"
+    if hidden_s > 0:
+        link += f", {_ms(hidden_s)} ms of compute hides a transfer"
     base = "none" if has_none else "uncompressed (no 'none' profile, codec cost 0)"
     parts = [f"{best.label}: {_ms(seconds)} ms/msg vs {base} {_ms(baseline)} ms/msg on {link}",
              f"error {best.error:.3g} <= budget {budget:g}"]
@@ -315,6 +368,13 @@ def _check_profiles(profiles: object) -> tuple[CodecProfile, ...]:
         if not isinstance(p, CodecProfile):
             raise ValueError(f"profiles must be CodecProfile entries, got {p!r}")
     return profiles
+
+
+def _check_hidden(hidden_s: object) -> None:
+    if (isinstance(hidden_s, bool) or not isinstance(hidden_s, (int, float))
+            or not math.isfinite(hidden_s) or hidden_s < 0):
+        raise ValueError(f"hidden_s must be a finite number of seconds >= 0 (compute a transfer "
+                         f"hides behind; 0 charges every transfer in full), got {hidden_s!r}")
 
 
 def _check_budget(budget: object) -> None:

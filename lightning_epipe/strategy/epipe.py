@@ -113,8 +113,9 @@ class EPipeStrategy(ParallelStrategy):
         compressor: codec for everything crossing a cut: a name from
             ``lightning_epipe.compressors.available_compressors()``, a ``Compressor`` instance,
             ``"bottleneck"`` (a learned encoder/decoder pair per cut), ``"auto"`` (chosen per
-            link from measured bandwidth and codec speed within an error budget; keys
-            ``error_budget`` and ``retune_every`` in ``compressor_kwargs``), or a list with one per cut.
+            link from the rate of the training's own traffic and codec speed within an error
+            budget; keys ``error_budget``, ``retune_every`` and ``tolerance`` in
+            ``compressor_kwargs``), or a list with one per cut.
         bits: bit width for the quantizing codecs (``sortquant``, ``quantize``, ``topk``).
         activation_compressor: overrides ``compressor`` for activations (forward).
         gradient_compressor: overrides ``compressor`` for gradients (backward).
@@ -310,6 +311,11 @@ class EPipeStrategy(ParallelStrategy):
         """``compressor="auto"``: the codec chosen per link so far, e.g. ``{"activation/cut0": "fp16"}``."""
         return self._tuner.describe() if self._tuner is not None else {}
 
+    @property
+    def auto_history(self) -> list:
+        """``compressor="auto"``: every decision as ``(step, LinkChoice)``, in order (empty without auto)."""
+        return list(self._tuner.history) if self._tuner is not None else []
+
     def compressor_description(self) -> dict[str, list[str]]:
         """The codec per cut and direction, e.g. ``{"activation": ["sortquant(bits=8)", ...]}``."""
         return self._codecs.describe() if self._codecs else {}
@@ -407,6 +413,8 @@ class EPipeStrategy(ParallelStrategy):
             _optimizers_to_device(self.optimizers, self.root_device)
         if self._pipe_transport is None:  # kept across fit/validate/test: receives may be posted ahead
             self._create_transports()
+            if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
+                self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
         self._runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, self._codecs, self.stats,
                                         self.config.nonfinite, self.config.checkpoint, self._bottlenecks)
         if self._resume_state is not None:
@@ -663,11 +671,13 @@ class EPipeStrategy(ParallelStrategy):
 
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """``compressor="auto"``: every rank probes and decides at the same step (a collective)."""
+        """``compressor="auto"``: every rank measures and decides at the same step (a collective)."""
         if self._tuner is not None and self._runtime is not None:
             step = self.lightning_module.trainer.global_step
-            self._tuner.maybe_retune(step, self.plan, self.pipeline_rank, self._codecs, self._runtime.samples, self.root_device,
-                                     self.layout.offset(self.global_rank))
+            runtime = self._runtime
+            self._tuner.maybe_retune(step, self.plan, self.pipeline_rank, self._codecs, runtime.samples, self.root_device,
+                                     self.layout.offset(self.global_rank), runtime.transport.rates,
+                                     (self.stats.busy_seconds, runtime.microbatches_run))
 
     @override
     def on_train_start(self) -> None:

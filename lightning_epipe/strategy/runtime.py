@@ -120,6 +120,7 @@ class PipelineRuntime:
         self.checkpoint = checkpoint  # "always" | "except_last" | "never"
         self.step = 0
         self.num_microbatches = 0
+        self.microbatches_run = 0  # micro-batches of every step begun so far (auto's compute per micro-batch)
         self.samples: dict[tuple[str, int], Tensor] = {}  # (direction, cut) -> last tensor sent on an auto link
         self.sample_ids: Optional[list[Tensor]] = None  # [b] dataset indices per micro-batch (delta compression)
         self.num_samples = 0
@@ -205,6 +206,7 @@ class PipelineRuntime:
             raise RuntimeError(f"{len(sample_ids)} lists of sample ids for {num_microbatches} micro-batches")
         self.step += 1
         self.num_microbatches = num_microbatches
+        self.microbatches_run += num_microbatches
         self.sample_ids, self.num_samples = sample_ids, num_samples
         self.nonfinite_seen = False
 

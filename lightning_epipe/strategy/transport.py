@@ -16,6 +16,14 @@ it has read the one before, so a notice is never mistaken for a frame.
 Checksums: CRC32 of the payload, computed where the payload is in host memory (gloo);
 on accelerator links the header says 0 and NCCL's own integrity checks stand.
 
+Link rates: every data frame's send is timed from its post to its completion, as the
+sender sees it (pending sends are polled before every send and around every receive), and
+kept per peer in a :class:`~lightning_epipe.strategy.linkrate.TransferWindow` (``rates``),
+marked *queued* when the next frame to that peer was posted before it completed: what
+``compressor="auto"`` decides from. A frame announced by a ``RESIZE`` notice is left out:
+its receive is posted only when the receiver reads the notice, so its time is mostly the
+receiver's (every frame of the first step, and of the step after a codec changes size).
+
 Host staging (``host_staged=True``: gloo between GPUs, e.g. a TCP link between sites): frames
 live in pinned host memory; a payload is copied off the GPU into its frame before the send
 and back onto it after the receive (asynchronously, from pinned memory). Every wait
@@ -33,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_epipe.strategy.linkrate import MIN_BYTES, WINDOW_BYTES, Transfer, TransferWindow
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.streams import CONTROL, stream_name
 from lightning_epipe.strategy.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
@@ -62,6 +71,8 @@ class _Sent:
     posted_at: float
     link: Optional[LinkKey]  # where the transfer's time goes (None: control messages)
     timed: bool = False
+    queued: bool = False  # another data frame to the same peer was posted before this one completed
+    resized: bool = False  # announced by a RESIZE notice: its receive was not posted ahead
 
 
 @dataclass
@@ -156,6 +167,8 @@ class Transport:
         self._frame_sizes: dict[tuple[str, int, int, Key], int] = {}  # (stream, src, dst, key) -> bytes
         self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
         self._pending: list[_Sent] = []
+        self.rates: dict[int, TransferWindow] = {}  # peer -> the latest data transfers to it
+        self.rate_window_bytes = WINDOW_BYTES  # how much of them each window keeps
 
     def link(self, peer: int, outgoing: bool) -> str:
         me, other = self.offset + self.rank, self.offset + peer
@@ -187,22 +200,28 @@ class Transport:
         slot = (name, self.rank, peer, _key(header.kind, header.microbatch, header.index))
         expected = self._frame_sizes.get(slot, HEADER_NBYTES)
         nbytes = frame.numel()
-        if expected != frame.numel():  # announce the new size in a frame of the size the peer expects
+        resized = expected != frame.numel()
+        if resized:  # announce the new size in a frame of the size the peer expects
             notice = torch.zeros(expected, dtype=torch.uint8, device=device)
             header.framed(size, 0, Flag.RESIZE).write(notice)
             self._post(notice, peer, group, header)
             self._frame_sizes[slot] = frame.numel()
         self._poll_sends()
-        self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name))
+        self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name), resized)
         return nbytes
 
     def _frame(self, nbytes: int, device: torch.device) -> Tensor:
         """A frame buffer: pinned host memory when it stages a GPU's tensors."""
         return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=self.host_staged and device.type == "cpu")
 
-    def _post(self, frame: Tensor, peer: int, group: Any, header: Header, link: Optional[LinkKey] = None) -> None:
+    def _post(self, frame: Tensor, peer: int, group: Any, header: Header, link: Optional[LinkKey] = None,
+              resized: bool = False) -> None:
+        if link is not None:  # sends still in flight to this peer now queue behind one more
+            for sent in self._pending:
+                if sent.link is not None and sent.peer == peer and not sent.timed:
+                    sent.queued = True
         work = self.backend.isend(frame, self.offset + peer, group)
-        self._pending.append(_Sent(work, frame, peer, header, time.perf_counter(), link))
+        self._pending.append(_Sent(work, frame, peer, header, time.perf_counter(), link, resized=resized))
 
     def _poll_sends(self) -> None:
         """Time the sends that completed since the last look (their rate is a lower bound)."""
@@ -213,7 +232,15 @@ class Transport:
     def _time(self, sent: _Sent) -> None:
         sent.timed = True
         if sent.link is not None:
-            self.stats.link(sent.link).add_transfer(sent.frame.numel(), time.perf_counter() - sent.posted_at)
+            now = time.perf_counter()
+            self.stats.link(sent.link).add_transfer(sent.frame.numel(), now - sent.posted_at)
+            if sent.resized:
+                return
+            window = self.rates.get(sent.peer)
+            if window is None:
+                size = self.rate_window_bytes
+                window = self.rates[sent.peer] = TransferWindow(size, min(MIN_BYTES, size))
+            window.add(Transfer(sent.posted_at, now, sent.frame.numel(), sent.queued))
 
     def flush(self) -> None:
         """Wait until every posted send has left (bounded by the timeout)."""
@@ -250,7 +277,9 @@ class Transport:
             posted = self._post_recv(name, group, device, peer, key)
         elif posted.key != key:
             raise WireError(f"{link}: {what}: the {name} stream was posted for message {posted.key}, not {key}")
+        self._poll_sends()  # completions seen sooner: the rates in ``rates`` are closer to the truth
         self._wait(posted.work, peer, what, blocking=not idle)
+        self._poll_sends()
         header = Header.read(posted.frame, link)
         header.expect(link, **expect)
         frame = posted.frame

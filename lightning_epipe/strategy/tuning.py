@@ -1,26 +1,42 @@
-"""``compressor="auto"`` across processes: probe the links, profile the codecs, agree, switch.
+"""``compressor="auto"`` across processes: measure the links, profile the codecs, agree, switch.
 
 Runs between two training steps, on every rank at the same step (the strategy calls
-:meth:`AutoTuner.maybe_retune` from ``on_train_batch_start``):
+:meth:`AutoTuner.maybe_retune` from ``on_train_batch_start``), at steps 1, 2, 4, 8, ... and
+then every ``retune_every`` steps:
 
-1. Every auto link (a cut and a direction) has a sender, which kept the last tensor it sent
-   there (the runtime's ``samples``). For each such link, in cut order, sender and receiver
-   time a ping-pong of a message of that size (``probe_bandwidth``): the link's bandwidth
-   as the pipeline sees it (loopback, a ``tc``-limited namespace or a real network).
-2. Where the bandwidth moved by more than ``tolerance`` since the last decision (always the
-   first time), the sender profiles every candidate codec on its sample
-   (:func:`~lightning_epipe.compressors.profile.profile_codecs`) and picks the fastest
-   within the error budget (:func:`~lightning_epipe.strategy.autotune.choose_codec`).
-3. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
+1. Every rank broadcasts (JSON) what it measured since the last check: per peer it sends
+   to, the sustained rate of the training's own messages over the latest ``window_bytes``
+   (:mod:`~lightning_epipe.strategy.linkrate`: bytes / busy transfer time, or a lower
+   bound where the link was not saturated), and its compute seconds per micro-batch.
+2. A link (a cut and a direction) whose sender has not yet sent ``min_bytes`` to that peer
+   waits, uncompressed, for a later check. There is no probe: a ping-pong of one message
+   (``probe_bandwidth``, still used by ``balance="measured"``) fits in a token bucket's
+   burst or a socket buffer and reads far too fast (on ``tbf rate 20mbit burst 1mbit`` it
+   gave 3 of 4 links ~90x their rate and auto lost to a fixed codec), while a few steps of
+   uncompressed traffic measure the link with the most bytes it will ever carry, and cost
+   only those few steps; the checks at steps 1, 2, 4, 8, ... decide as soon as it is enough.
+3. Where the rate moved by more than ``tolerance`` since the link's decision (a lower
+   bound only when it rose above that), the sender profiles every candidate codec on the
+   last tensor it sent there (the runtime's ``samples``) and picks the fastest within the
+   error budget (:func:`~lightning_epipe.strategy.autotune.choose_codec`), a transfer
+   hidden behind its share of the slowest rank's compute per micro-batch: that compute
+   divided by the messages the same sender -> receiver link carries per micro-batch (an
+   activation and a gradient of two cuts, in the client-server placement) (the cost model
+   of :mod:`~lightning_epipe.strategy.autotune`).
+4. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
    them, so the two ends of a link switch codecs at the same step.
 
-Until the first decision (after the first training step) auto links send uncompressed.
+Until a link's first decision it sends uncompressed. Candidates never include a
+learned bottleneck (it changes the model; combine ``compressor="bottleneck"`` with a fixed
+wire codec instead): they must be registered codec names.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -28,6 +44,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
 from lightning_epipe.compressors.profile import DEFAULT_CANDIDATES, profile_codecs
+from lightning_epipe.compressors.registry import available_compressors
 from lightning_epipe.strategy.autotune import (
     LinkChoice,
     choices_from_json,
@@ -39,10 +56,11 @@ from lightning_epipe.strategy.autotune import (
 )
 from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.collectives import broadcast_json
+from lightning_epipe.strategy.linkrate import MIN_BYTES, WINDOW_BYTES, LinkRate, TransferWindow, estimate_rate
 from lightning_epipe.strategy.partition import PipelinePlan
 from lightning_epipe.strategy.timing import synchronize
 
-__all__ = ["AutoTuner", "probe_bandwidth"]
+__all__ = ["AutoTuner", "probe_bandwidth", "hidden_seconds", "messages_per_microbatch"]
 
 _PROBE_ROUNDS = 3
 
@@ -71,81 +89,185 @@ def probe_bandwidth(src: int, dst: int, nbytes: int, rank: int, device: torch.de
     return None
 
 
+def hidden_seconds(reports: Mapping[int, Mapping[str, Any]]) -> float:
+    """Compute seconds per message a transfer hides behind: the slowest rank's compute per
+    micro-batch (forward + backward) since the last check; 0 when none was measured.
+
+    ``reports``: rank -> ``{"compute_s": seconds, "microbatches": count, ...}``.
+
+        >>> hidden_seconds({0: {"compute_s": 0.8, "microbatches": 8}, 1: {"compute_s": 1.6, "microbatches": 8}})
+        0.2
+    """
+    per_mb = [r["compute_s"] / r["microbatches"] for r in reports.values() if r.get("microbatches", 0) > 0]
+    return max(per_mb, default=0.0)
+
+
+def messages_per_microbatch(plan: PipelinePlan, sender: int, receiver: int) -> int:
+    """Messages rank ``sender`` sends rank ``receiver`` per micro-batch: the activations of the
+    cuts from it to it and the gradients of the cuts from it back (one tensor each; at least 1).
+
+        >>> from lightning_epipe.strategy import plan_pipeline
+        >>> plan = plan_pipeline(4, 2, [1, 2, 1])  # client-server: stages on ranks 0, 1, 0
+        >>> messages_per_microbatch(plan, 0, 1)  # activation of cut 0, gradient of cut 1
+        2
+    """
+    cuts = [plan.cut_ranks(c) for c in range(plan.num_cuts)]
+    return max(1, sum((s, r) == (sender, receiver) or (r, s) == (sender, receiver) for s, r in cuts))
+
+
 class AutoTuner:
-    """Chooses the codec of every auto link at the first training step, and again every
-    ``retune_every`` steps where a link's bandwidth drifted by more than ``tolerance``."""
+    """Chooses the codec of every auto link from the training's own traffic.
+
+    Checks at steps 1, 2, 4, 8, ... then every ``retune_every`` steps (:meth:`due`); a
+    link is decided again when its measured rate drifted by more than ``tolerance`` (0.5:
+    below half or above 1.5x the rate it was decided for). ``window_bytes``: how much of the
+    latest traffic per link the rate is measured over; ``min_bytes``: how much a link must
+    have carried before it is decided (uncompressed until then). ``history`` lists every
+    ``(step, LinkChoice)`` made, on every rank (the monitor logs it).
+
+        >>> tuner = AutoTuner(retune_every=10)
+        >>> [s for s in range(1, 40) if tuner.due(s) and tuner.mark(s) is None]
+        [1, 2, 4, 8, 16, 26, 36]
+    """
 
     def __init__(self, error_budget: Optional[float] = None, retune_every: int = 100, tolerance: float = 0.5,
-                 candidates=DEFAULT_CANDIDATES) -> None:
+                 candidates=DEFAULT_CANDIDATES, window_bytes: int = WINDOW_BYTES, min_bytes: int = MIN_BYTES) -> None:
         if error_budget is not None and (isinstance(error_budget, bool) or not isinstance(error_budget, (int, float))
                                          or error_budget < 0):
             raise ValueError(f"auto: error_budget must be a number >= 0 (relative L2 error), got {error_budget!r}")
         if isinstance(retune_every, bool) or not isinstance(retune_every, int) or retune_every < 1:
             raise ValueError(f"auto: retune_every must be a positive number of steps, got {retune_every!r}")
+        if (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or math.isnan(tolerance)
+                or tolerance < 0):
+            raise ValueError(f"auto: tolerance must be a number >= 0 (a relative change of the link's rate, 0.5 = 50%),"
+                             f" got {tolerance!r}")
+        TransferWindow(window_bytes, min_bytes)  # validates both
         self.error_budget = error_budget
         self.retune_every = retune_every
         self.tolerance = tolerance
-        self.candidates = candidates
+        self.candidates = _check_candidates(candidates)
+        self.window_bytes = window_bytes
+        self.min_bytes = min_bytes
         self.choices: dict[tuple[int, str], LinkChoice] = {}   # every rank: the choice of every auto link
-        self._bandwidth: dict[tuple[int, str], float] = {}     # senders: bandwidth at the last decision
+        self.history: list[tuple[int, LinkChoice]] = []         # every rank: (step, choice) as made
         self._last_step: Optional[int] = None
+        self._compute_mark = (0.0, 0)                           # this rank's (compute s, micro-batches) at the last check
 
     def due(self, step: int) -> bool:
-        """Whether to tune before training step ``step`` (global steps taken so far)."""
+        """Whether to check before training step ``step`` (global steps taken so far)."""
         if step < 1:
             return False
-        return self._last_step is None or step - self._last_step >= self.retune_every
+        if self._last_step is None:
+            return True
+        return step - self._last_step >= min(self._last_step, self.retune_every)
+
+    def mark(self, step: int) -> None:
+        """Record a check at ``step`` (:meth:`maybe_retune` does)."""
+        self._last_step = step
 
     def maybe_retune(self, step: int, plan: PipelinePlan, rank: int, codecs: CodecBook, samples: dict[tuple[str, int], Tensor],
-                     device: torch.device, offset: int = 0) -> list[LinkChoice]:
-        """Collective over every rank: probe, decide and apply; the choices made now (may be empty).
+                     device: torch.device, offset: int = 0, rates: Optional[Mapping[int, TransferWindow]] = None,
+                     compute: tuple[float, int] = (0.0, 0)) -> list[LinkChoice]:
+        """Collective over every rank: measure, decide and apply; the choices made now (may be empty).
 
         ``rank`` is the rank within the pipeline, ``offset`` the global rank of its client: with
-        several replicas each probes its own links and every replica applies replica 0's choices.
+        several replicas every replica applies replica 0's choices, made from replica 0's traffic.
+        ``rates``: this rank's transfer windows per peer it sends to (``Transport.rates``);
+        ``compute``: this rank's compute seconds and micro-batches so far (cumulative).
         """
         if not self.due(step):
             return []
-        self._last_step = step
+        self.mark(step)
+        reports = self._exchange(self._report(rates or {}, compute), plan, rank, offset, device)
+        hidden_s = hidden_seconds(reports)
         mine = []
         for direction, cut in codecs.auto_links():
-            sender, receiver = plan.cut_ranks(cut)
-            if direction == "gradient":
-                sender, receiver = receiver, sender
-            if rank not in (sender, receiver):
-                continue
-            sample = samples.get((direction, cut))
-            nbytes = 0 if sample is None else sample.numel() * sample.element_size()
-            bandwidth = probe_bandwidth(offset + sender, offset + receiver, nbytes, offset + rank, device)
-            if rank != sender or sample is None:
-                continue
-            key = (cut, direction)
-            if key in self._bandwidth and not needs_retune(self._bandwidth[key], bandwidth, self.tolerance):
-                continue
-            budget = self.error_budget if self.error_budget is not None else default_error_budget(direction)
-            profiles = profile_codecs(sample.detach(), self.candidates)
-            mine.append(choose_codec(profiles, nbytes, bandwidth, budget, cut, direction))
-            self._bandwidth[key] = bandwidth
+            choice = self._decide(direction, cut, plan, rank, samples, reports, hidden_s)
+            if choice is not None:
+                mine.append(choice)
         made: list[LinkChoice] = []
         for src in range(plan.num_ranks):  # replica 0's ranks: global rank == pipeline rank
             made += choices_from_json(broadcast_json(choices_to_json(mine) if src == offset + rank else None, device, src))
         for choice in made:
-            self.choices[(choice.cut, choice.direction)] = choice
-            codecs.choose(choice.direction, choice.cut, choice.name, choice.kwargs)
+            self._apply(choice, codecs)
+            self.history.append((step, choice))
         if made and offset + rank == 0:
             rank_zero_info(f"EPipeStrategy compressor='auto' at step {step}:\n{format_choices(made)}")
         return made
 
+    def _report(self, rates: Mapping[int, TransferWindow], compute: tuple[float, int]) -> dict[str, Any]:
+        """What this rank tells the others: its rate per peer and compute per micro-batch since the last check."""
+        seconds, microbatches = compute
+        before_s, before_mb = self._compute_mark
+        self._compute_mark = (seconds, microbatches)
+        estimates = {str(peer): estimate_rate(window.transfers) for peer, window in sorted(rates.items())
+                     if window.nbytes >= self.min_bytes}
+        return {"rates": {peer: r.to_json() for peer, r in estimates.items() if r is not None},
+                "compute_s": max(0.0, seconds - before_s), "microbatches": max(0, microbatches - before_mb)}
+
+    @staticmethod
+    def _exchange(report: dict[str, Any], plan: PipelinePlan, rank: int, offset: int,
+                  device: torch.device) -> dict[int, dict[str, Any]]:
+        """Every rank of replica 0 broadcasts its report; every rank gets all of them."""
+        return {src: broadcast_json(report if src == offset + rank else None, device, src) for src in range(plan.num_ranks)}
+
+    def _decide(self, direction: str, cut: int, plan: PipelinePlan, rank: int, samples: dict[tuple[str, int], Tensor],
+                reports: dict[int, dict[str, Any]], hidden_s: float) -> Optional[LinkChoice]:
+        """The sender's choice for one link, or None (not the sender, too little traffic yet, no drift)."""
+        sender, receiver = plan.cut_ranks(cut)
+        if direction == "gradient":
+            sender, receiver = receiver, sender
+        sample = samples.get((direction, cut))
+        raw = reports[sender]["rates"].get(str(receiver))
+        if rank != sender or sample is None or raw is None:
+            return None
+        rate = LinkRate.from_json(raw)
+        old = self.choices.get((cut, direction))
+        if old is not None and not needs_retune(old.bandwidth, rate.bandwidth, self.tolerance, rate.lower_bound):
+            return None
+        budget = self.error_budget if self.error_budget is not None else default_error_budget(direction)
+        profiles = profile_codecs(sample.detach(), self.candidates)
+        nbytes = sample.numel() * sample.element_size()
+        hidden_s /= messages_per_microbatch(plan, sender, receiver)
+        choice = choose_codec(profiles, nbytes, rate.bandwidth, budget, cut, direction, hidden_s)
+        return dataclasses.replace(choice, reason=f"{choice.reason}; link rate: {rate.describe()}")
+
+    def _apply(self, choice: LinkChoice, codecs: CodecBook) -> None:
+        self.choices[(choice.cut, choice.direction)] = choice
+        codecs.choose(choice.direction, choice.cut, choice.name, choice.kwargs)
+
     def state_dict(self) -> dict:
-        """JSON-able: the choices in force and the step they were made at (for checkpoints)."""
+        """JSON-able: the choices in force (with the rates they were made for) and the step of
+        the last check (for checkpoints)."""
         return {"choices": choices_to_json(self.choices.values()), "last_step": self._last_step}
 
     def load_state_dict(self, state: dict, codecs: CodecBook) -> None:
         """Put a checkpoint's choices back in force on this rank (every rank reads the checkpoint)."""
         self._last_step = state.get("last_step")
         for choice in choices_from_json(state.get("choices", [])):
-            self.choices[(choice.cut, choice.direction)] = choice
-            codecs.choose(choice.direction, choice.cut, choice.name, choice.kwargs)
+            self._apply(choice, codecs)
 
     def describe(self) -> dict[str, str]:
         """``{"activation/cut0": "sortquant(bits=8)", ...}`` for the links decided so far."""
         return {f"{d}/cut{c}": choice.label for (c, d), choice in sorted(self.choices.items())}
+
+
+def _check_candidates(candidates: Any) -> tuple[tuple[str, dict], ...]:
+    """``(name, kwargs)`` pairs of registered codecs; a bottleneck is not a codec (it is a learned
+    part of the model) and never a candidate."""
+    known = set(available_compressors())
+    out = []
+    for candidate in candidates:
+        if not (isinstance(candidate, (tuple, list)) and len(candidate) == 2 and isinstance(candidate[0], str)
+                and isinstance(candidate[1], Mapping)):
+            raise ValueError(f"auto: a candidate is a (name, kwargs) pair, e.g. ('sortquant', {{'bits': 8}}), "
+                             f"got {candidate!r}")
+        name, kwargs = candidate
+        if name not in known:
+            hint = (" (a learned bottleneck is not a candidate: use compressor='bottleneck' with a fixed wire codec)"
+                    if name == "bottleneck" else "")
+            raise ValueError(f"auto: candidate {name!r} is not a registered codec{hint}; known: {sorted(known)}")
+        out.append((name, dict(kwargs)))
+    if not any(name == "none" for name, _ in out):
+        raise ValueError("auto: the candidates must include ('none', {}) (always within any error budget)")
+    return tuple(out)

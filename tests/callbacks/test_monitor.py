@@ -153,3 +153,40 @@ def test_batch_size_fn_overrides_the_strategys_row_count():
     run.monitor = EPipeMonitor(batch_size_fn=lambda batch: 10)
     drive(run)
     assert run.monitor.summary()["samples"] == 40
+
+
+def test_auto_decisions_are_logged_at_their_step_and_as_a_wandb_table():
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_epipe.strategy.autotune import LinkChoice
+    from lightning_epipe.strategy.tuning import AutoTuner
+
+    run = Run(rank=0, log_every=100)
+    run.strategy._tuner = AutoTuner()
+    wandb = mock.MagicMock(spec=WandbLogger)
+    run.trainer.loggers = [wandb]
+    fp16 = LinkChoice(0, "activation", "fp16", "fp16", {}, 1e-3, 2e-3, 1e-4, "fp16 is faster", ratio=0.5, bandwidth=3e6)
+    none = LinkChoice(1, "gradient", "none", "none", {}, 1e-3, 1e-3, 0.0, "unlimited", ratio=1.0, bandwidth=float("inf"))
+    clock = Clock()
+    with mock.patch("lightning_epipe.callbacks.monitor.gather_stats", run.gather), mock.patch("time.perf_counter", clock):
+        run.monitor.on_train_start(run.trainer, run.module)
+        run.batch(clock, 1.0)
+        assert run.logged() == []  # no decision yet, no log step
+        run.strategy._tuner.history += [(1, fp16), (1, none)]
+        run.batch(clock, 1.0)
+        run.batch(clock, 1.0)  # logged once only
+        run.monitor.on_train_epoch_end(run.trainer, run.module)
+        run.monitor.on_train_end(run.trainer, run.module)
+    auto = [m for m in run.logged() if any(k.startswith("epipe/auto/") for k in m)]
+    assert auto == [{"epipe/auto/activation/cut0": 0.5, "epipe/auto/activation/cut0/bandwidth": 3e6,
+                     "epipe/auto/gradient/cut1": 1.0}]
+    table = [c for c in wandb.log_table.call_args_list if c.args[0] == "epipe/auto"]
+    assert len(table) == 1 and [row[-1] for row in table[0].kwargs["data"]] == ["fp16 is faster", "unlimited"]
+    assert [d["codec"] for d in run.monitor.summary()["auto"]] == ["fp16", "none"]
+
+
+def test_without_auto_nothing_about_auto_is_logged():
+    run = Run(rank=0)
+    drive(run)
+    assert not any(k.startswith("epipe/auto") for m in run.logged() for k in m)
+    assert run.monitor.summary()["auto"] == []

@@ -234,7 +234,9 @@ def main() -> None:
             {"losses": model.losses, "val_losses": model.val_losses, "state_dict": model.state_dict(),
              "predictions": torch.cat(predictions), "callback_metrics": callback_metrics,
              "stats": {k.label(0): v.as_list() for k, v in strategy.stats.links.items()},
-             "auto": strategy.auto_choices},
+             "auto": strategy.auto_choices,
+             "auto_history": [{"step": step, "link": f"{c.direction}/cut{c.cut}", "codec": c.label,
+                               "bandwidth": c.bandwidth, "reason": c.reason} for step, c in strategy.auto_history]},
             args.out,
         )
     else:

@@ -245,3 +245,61 @@ def test_default_budgets_separate_8_bit_from_4_bit_sortquant():
     # The report: 8-bit codecs (error <~0.015) keep accuracy, 4-bit sortquant (~0.1+) fails.
     assert 0.015 < ACTIVATION_ERROR_BUDGET < 0.1
     assert ACTIVATION_ERROR_BUDGET < GRADIENT_ERROR_BUDGET
+
+
+# -- cost model: transfers hide behind compute ------------------------------------------------
+
+def test_a_transfer_costs_only_what_exceeds_the_hidden_compute():
+    transfer = 0.251 * RAW / (50 * MB)  # 20 ms
+    assert predicted_seconds(Q8, RAW, 50 * MB, hidden_s=0.0) == pytest.approx(3e-3 + transfer)
+    assert predicted_seconds(Q8, RAW, 50 * MB, hidden_s=0.015) == pytest.approx(3e-3 + transfer - 0.015)
+    assert predicted_seconds(Q8, RAW, 50 * MB, hidden_s=1.0) == pytest.approx(3e-3)  # encode + decode stay
+    with pytest.raises(ValueError, match="hidden_s must be a finite number"):
+        predicted_seconds(Q8, RAW, MB, hidden_s=-1e-3)
+    with pytest.raises(ValueError, match="hidden_s"):
+        predicted_seconds(Q8, RAW, MB, hidden_s=math.inf)
+
+
+def test_enough_compute_to_hide_the_raw_transfer_picks_none():
+    # 80 ms raw transfer at 50 MB/s: compressed on its own, none once 80 ms of compute hides it.
+    assert choose_codec(PROFILES, RAW, 50 * MB, 0.02, 0, "activation").label == "quantize(bits=8)"
+    hidden = choose_codec(PROFILES, RAW, 50 * MB, 0.02, 0, "activation", hidden_s=0.081)
+    assert hidden.label == "none" and hidden.seconds == pytest.approx(3e-5)
+    assert "of compute hides a transfer" in hidden.reason
+
+
+def test_partly_hidden_transfer_still_pays_for_compression():
+    # 60 ms hidden of 80 ms raw: none pays 20 ms, fp16 (40 ms) pays 0.5 ms of codec only.
+    choice = choose_codec(PROFILES, RAW, 50 * MB, 0.02, 0, "activation", hidden_s=0.06)
+    assert choice.label == "fp16" and choice.seconds == pytest.approx(5e-4)
+    assert choice.baseline_seconds == pytest.approx(3e-5 + 1.001 * 0.08 - 0.06)
+    assert LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, hidden_s=0.06).hidden_s == 0.06
+    assert choose_all([LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, hidden_s=0.06)])[0] == choice
+    with pytest.raises(ValueError, match="hidden_s"):
+        LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, hidden_s=-1.0)
+
+
+def test_a_choice_records_its_ratio_and_bandwidth_through_json():
+    (fast, unlimited) = choose_all([LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES),
+                                    LinkMeasurement(1, "gradient", RAW, math.inf, PROFILES)])
+    assert (fast.ratio, fast.bandwidth) == (0.251, 50 * MB)
+    assert unlimited.bandwidth == math.inf
+    text = json.dumps(choices_to_json([fast, unlimited]), allow_nan=False)
+    assert choices_from_json(text) == [fast, unlimited]
+
+
+def test_choices_from_checkpoints_without_ratio_and_bandwidth_still_load():
+    entry = choices_to_json(choose_all([LinkMeasurement(0, "activation", RAW, MB, PROFILES)]))[0]
+    old = {k: v for k, v in entry.items() if k not in ("ratio", "bandwidth")}
+    (choice,) = choices_from_json([old])
+    assert (choice.ratio, choice.bandwidth) == (1.0, math.inf)
+    with pytest.raises(ValueError, match="bandwidth must be a number"):
+        choices_from_json([entry | {"bandwidth": "fast"}])
+
+
+def test_a_lower_bound_retunes_only_by_rising_beyond_the_tolerance():
+    assert not needs_retune(100 * MB, 10 * MB, lower_bound=True)  # the link carried less: says nothing
+    assert not needs_retune(100 * MB, 140 * MB, lower_bound=True)
+    assert needs_retune(100 * MB, 160 * MB, lower_bound=True)
+    assert not needs_retune(math.inf, 1e12, lower_bound=True)
+    assert needs_retune(100 * MB, 10 * MB)  # a saturated measurement does go down

@@ -1,0 +1,129 @@
+"""``compressor="auto"`` against fixed codecs on token-bucket links, decided on its own traffic.
+
+    python benchmarks/slow_link_auto.py                       # 5, 20, 100, 1000 Mbit/s and unlimited, 3 reps
+    python benchmarks/slow_link_auto.py --rates 20 --repeats 1 --steps 8 --out smoke.json   # a smoke run
+
+The setting of issue 13: client-server placement, 2 processes, the 8-block MLP of width 1024
+(batch 256, chunks 8, one torch thread per process), GPipe. Methods: ``auto`` (defaults:
+decided from the training's own traffic once a link has carried 2 MiB), ``none``,
+``sortquant`` 8 bits and ``lloydmax`` 4 bits. Each rate gets a network namespace whose
+loopback is shaped by ``tc qdisc add dev lo root tbf rate R burst 1mbit latency 100ms``
+("unlimited": a namespace without tc); every rank runs under ``ip netns exec``, and the
+namespace is deleted afterwards whatever happens. The loopback carries both directions, so
+the limit is on their sum. Repetitions go round the methods, so the methods of one
+repetition run side by side. samples/s are timed after ``--warmup`` steps (auto's first
+decisions come at steps 1, 2, 4, ...; they are inside the warm-up by default).
+
+Reported per rate: the median samples/s of each method and its spread, auto's speed over the
+best fixed codec's, and the codecs auto chose (with its reasons in the JSON). Run it on an
+otherwise idle machine. Writes ``benchmarks/results/slow_link_auto.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
+
+BATCH = 256
+METHODS = {
+    "auto": {"compressor": "auto"},
+    "none": {"compressor": "none"},
+    "sortquant-8": {"compressor": "sortquant", "bits": 8},
+    "lloydmax-4": {"compressor": "lloydmax", "bits": 4},
+}
+RATES: list[Optional[float]] = [5, 20, 100, 1000, None]  # Mbit/s; None: unlimited
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
+def config(method: str, steps: int, warmup: int) -> dict:
+    """One run of ``worker.py``: the issue's model and placement, ``method``'s codec."""
+    return dict(kind="epipe", model="mlp", layers={"width": 1024}, devices=2, batch=BATCH, chunks=8, steps=steps,
+                warmup=warmup, placement="client-server", timeout=1800, codec=METHODS[method])
+
+
+def measure(rates: list[Optional[float]], methods: list[str], repeats: int, steps: int, warmup: int) -> list[dict]:
+    """One row per (rate, method): samples/s of every repetition, wire bytes, auto's decisions."""
+    rows = []
+    for rate in rates:
+        name = f"epipe-auto-{os.getpid()}-{rate or 'inf'}".replace(".", "_")
+        with slow_loopback(name, rate) as ns:
+            results: dict[str, list[dict]] = {m: [] for m in methods}
+            for rep in range(repeats):
+                for method in methods:
+                    result = run(config(method, steps, warmup), netns=ns, timeout=1800)
+                    results[method].append(result)
+                    shown = result.get("samples_per_s") or result.get("error")
+                    print(f"  {rate or 'unlimited'} Mbit/s {method} rep {rep + 1}: {shown} {result.get('auto', '')}",
+                          flush=True)
+            for method in methods:
+                rows.append(row(rate, method, results[method]))
+    return rows
+
+
+def row(rate: Optional[float], method: str, results: list[dict]) -> dict:
+    ok = [r for r in results if r.get("samples_per_s")]
+    return dict(rate_mbit=rate, method=method, samples_per_s=[r["samples_per_s"] for r in ok],
+                bytes_per_step=statistics.median([r["bytes"] / r["steps"] for r in ok]) if ok else None,
+                ratio=statistics.median([r["ratio"] for r in ok]) if ok else None,
+                auto=[r.get("auto") for r in ok] if method == "auto" else None,
+                auto_decisions=ok[-1].get("auto_decisions") if method == "auto" and ok else None,
+                errors=[r.get("error") for r in results if not r.get("samples_per_s")])
+
+
+def table(rows: list[dict]) -> str:
+    """Per rate and method: median samples/s, spread, wire ratio, auto over the best fixed codec."""
+    body = []
+    for rate in dict.fromkeys(r["rate_mbit"] for r in rows):
+        at = [r for r in rows if r["rate_mbit"] == rate]
+        median = {r["method"]: statistics.median(r["samples_per_s"]) for r in at if r["samples_per_s"]}
+        fixed = max((v for m, v in median.items() if m != "auto"), default=None)
+        for r in at:
+            sps = median.get(r["method"])
+            spread = f"{min(r['samples_per_s']):.0f}-{max(r['samples_per_s']):.0f}" if r["samples_per_s"] else "-"
+            vs = fmt(sps / fixed, ".2f", "x") if r["method"] == "auto" and sps and fixed else ""
+            chose = ", ".join(sorted({f"{k}: {v}" for a in (r["auto"] or []) if a for k, v in a.items()}))
+            body.append([fmt(rate, "g") if rate else "unlimited", r["method"], fmt(sps, ".0f"), spread,
+                         fmt(r["ratio"], ".3f"), vs, chose[:120], "; ".join(map(str, r["errors"]))[:60]])
+    return markdown_table(["link (Mbit/s)", "method", "samples/s (median)", "spread", "wire/raw",
+                           "auto / best fixed", "auto chose", "errors"], body)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rates", nargs="+", default=[str(r or "unlimited") for r in RATES],
+                        help="Mbit/s, or 'unlimited'")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5, help="steps before timing starts")
+    parser.add_argument("--out", default="slow_link_auto.json", help="file name under benchmarks/results (or a full path)")
+    args = parser.parse_args()
+    reason = netns_available()
+    if reason:
+        print(f"skipped: {reason}")
+        return
+    rates = [None if r == "unlimited" else float(r) for r in args.rates]
+    before = load()
+    print(before, flush=True)
+    rows = measure(rates, args.methods, args.repeats, args.steps, args.warmup)
+    text = table(rows)
+    print(text)
+    path = write_json(args.out, {"load_before": before, "load_after": load(), "steps": args.steps, "warmup": args.warmup,
+                                 "repeats": args.repeats, "rows": rows, "table": text})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,22 @@
+"""benchmarks/slow_link_auto.py without processes: its configuration, rows and table."""
+
+from benchmarks.slow_link_auto import METHODS, RATES, config, row, table
+
+
+def test_the_issue_setting():
+    cfg = config("auto", steps=20, warmup=5)
+    assert (cfg["placement"], cfg["layers"], cfg["chunks"], cfg["devices"]) == ("client-server", {"width": 1024}, 8, 2)
+    assert cfg["codec"] == {"compressor": "auto"} and RATES == [5, 20, 100, 1000, None]
+    assert set(METHODS) == {"auto", "none", "sortquant-8", "lloydmax-4"}
+
+
+def test_rows_and_table_compare_auto_with_the_best_fixed_codec():
+    ok = {"samples_per_s": 100.0, "steps": 10, "bytes": 1000, "ratio": 0.25}
+    rows = [row(20, "auto", [ok | {"auto": {"activation/cut0": "fp16"}, "auto_decisions": [{"step": 1}]}]),
+            row(20, "none", [ok | {"samples_per_s": 50.0}, {"error": "hung"}]),
+            row(20, "sortquant-8", [ok | {"samples_per_s": 80.0}])]
+    assert rows[1]["samples_per_s"] == [50.0] and rows[1]["errors"] == ["hung"]
+    assert rows[0]["auto_decisions"] == [{"step": 1}] and rows[0]["bytes_per_step"] == 100
+    lines = table(rows).splitlines()
+    assert "| 20 | auto | 100 | 100-100 | 0.250 | 1.25x | activation/cut0: fp16 |  |" in lines
+    assert any(line.startswith("| 20 | none | 50 |") and line.endswith("| hung |") for line in lines)

@@ -1,0 +1,173 @@
+"""AutoTuner's decisions in one process: the collectives are stand-ins (and a probe, which
+auto no longer runs, would be recorded); the codecs are profiled for real on small tensors."""
+
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import pytest
+import torch
+
+from lightning_epipe.strategy import plan_pipeline
+from lightning_epipe.strategy.codecs import CodecBook, resolve_specs
+from lightning_epipe.strategy.linkrate import Transfer, TransferWindow
+from lightning_epipe.strategy.tuning import AutoTuner, hidden_seconds, messages_per_microbatch
+
+PLAN = plan_pipeline(4, 2, [1, 2, 1])  # stage ranks (0, 1, 0): rank 0 sends activation/cut0 and gradient/cut1 to rank 1
+CANDIDATES = (("none", {}), ("fp16", {}), ("quantize", {"bits": 8}))
+CPU = torch.device("cpu")
+MB = 1_000_000
+
+
+def book() -> CodecBook:
+    return CodecBook(resolve_specs("auto", {}, 2, "compressor"), resolve_specs("auto", {}, 2, "compressor"))
+
+
+def window(bandwidth: float, nbytes: int = 4 * MB, queued: bool = True) -> TransferWindow:
+    """``nbytes`` in 1 MB messages back to back at ``bandwidth`` bytes/s."""
+    w = TransferWindow(window_bytes=16 * MB, min_bytes=2 * MB)
+    for i in range(nbytes // MB):
+        w.add(Transfer(i * MB / bandwidth, (i + 1) * MB / bandwidth, MB, queued=queued))
+    return w
+
+
+class World:
+    """Rank 0 of two: rank 1's reports and choices are canned; a probe would be recorded."""
+
+    def __init__(self) -> None:
+        self.peer_report = {"rates": {}, "compute_s": 0.0, "microbatches": 0}
+        self.probes: list[tuple[int, int]] = []
+        self._calls = 0
+
+    def broadcast_json(self, value, device, src):
+        self._calls += 1
+        if src == 0:
+            return json.loads(json.dumps(value, allow_nan=False))  # what crosses the wire is strict JSON
+        return self.peer_report if self._calls % 4 == 2 else []  # report, then (no) choices
+
+    def probe(self, src, dst, nbytes, rank, device):
+        self.probes.append((src, dst))
+        return 1e12 if rank == src else None
+
+    def check(self, tuner, step, codecs, rates=None, compute=(0.0, 0)):
+        samples = {("activation", 0): torch.randn(64, 256), ("gradient", 1): torch.randn(64, 256)}
+        with mock.patch("lightning_epipe.strategy.tuning.broadcast_json", self.broadcast_json), \
+                mock.patch("lightning_epipe.strategy.tuning.probe_bandwidth", self.probe):
+            return tuner.maybe_retune(step, PLAN, 0, codecs, samples, CPU, 0, rates or {}, compute)
+
+
+def test_measured_traffic_decides_without_a_probe():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    made = world.check(tuner, 1, codecs, {1: window(1 * MB)})
+    assert world.probes == []
+    assert sorted((c.direction, c.cut) for c in made) == [("activation", 0), ("gradient", 1)]
+    for choice in made:
+        assert choice.bandwidth == pytest.approx(1 * MB) and choice.label == "quantize(bits=8)"
+        assert "link rate: 1 MB/s sustained over 4 msgs" in choice.reason
+    assert codecs.specs["activation"][0].name == "quantize" and codecs.specs["gradient"][1].name == "quantize"
+    assert codecs.specs["activation"][1].name == "none"  # rank 1's link: rank 1 (canned) chose nothing
+
+
+def test_a_link_waits_uncompressed_until_it_has_carried_enough():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    assert world.check(tuner, 1, codecs, {1: window(1 * MB, nbytes=MB)}) == []  # 1 MB: below min_bytes
+    assert tuner.choices == {} and codecs.specs["activation"][0].name == "none" and world.probes == []
+    assert not tuner.due(1) and tuner.due(2)
+    made = world.check(tuner, 2, codecs, {1: window(1 * MB)})
+    assert {c.label for c in made} == {"quantize(bits=8)"} and world.probes == []
+    assert AutoTuner(min_bytes=1000, window_bytes=1000).min_bytes == 1000
+
+
+def test_drift_beyond_the_tolerance_decides_again_a_lower_bound_only_upward():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES, tolerance=0.5), book()
+    world.check(tuner, 1, codecs, {1: window(1 * MB)})
+    assert world.check(tuner, 2, codecs, {1: window(0.6 * MB)}) == []
+    assert world.check(tuner, 4, codecs, {1: window(0.01 * MB, queued=False)}) == []  # not saturated: says nothing
+    made = world.check(tuner, 8, codecs, {1: window(1e10, queued=False)})  # carried far more than 1.5 MB/s
+    assert {c.label for c in made} == {"none"} and all("not saturated" in c.reason for c in made)
+    made = world.check(tuner, 16, codecs, {1: window(0.4 * MB)})
+    assert {c.label for c in made} == {"quantize(bits=8)"}
+    assert [step for step, _ in tuner.history] == [1, 1, 8, 8, 16, 16]
+
+
+def test_compute_hides_a_slow_transfer():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    world.peer_report |= {"compute_s": 100.0, "microbatches": 10}  # rank 1: 10 s per micro-batch
+    made = world.check(tuner, 1, codecs, {1: window(1 * MB)}, compute=(1.0, 10))
+    assert {c.label for c in made} == {"none"}
+    # rank 0 -> 1 carries two messages per micro-batch (activation/cut0, gradient/cut1): 5 s each
+    assert all("5e+03 ms of compute hides a transfer" in c.reason for c in made)
+
+
+def test_messages_per_microbatch_counts_both_kinds_on_one_direction():
+    assert messages_per_microbatch(PLAN, 0, 1) == 2 and messages_per_microbatch(PLAN, 1, 0) == 2
+    chain = plan_pipeline(4, 3, [2, 1, 1], "chain")  # stages on ranks 1, 2, 0: cuts 1 -> 2, 2 -> 0
+    assert [messages_per_microbatch(chain, *pair) for pair in ((1, 2), (2, 1), (0, 2), (0, 1))] == [1, 1, 1, 1]
+
+
+def test_hidden_seconds_is_the_slowest_ranks_compute_per_microbatch():
+    assert hidden_seconds({0: {"compute_s": 1.0, "microbatches": 10}, 1: {"compute_s": 3.0, "microbatches": 10}}) == 0.3
+    assert hidden_seconds({0: {"compute_s": 1.0, "microbatches": 0}}) == 0.0
+
+
+def test_state_round_trips_through_json_with_the_choices_in_force():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    world.check(tuner, 1, codecs, {1: window(1 * MB)})
+    state = json.loads(json.dumps(tuner.state_dict(), allow_nan=False))
+    fresh, fresh_codecs = AutoTuner(candidates=CANDIDATES), book()
+    fresh.load_state_dict(state, fresh_codecs)
+    assert fresh.choices == tuner.choices and fresh.describe() == tuner.describe()
+    assert fresh.state_dict() == state and not fresh.due(1) and fresh.due(2)
+    assert fresh_codecs.describe() == codecs.describe() and fresh_codecs.specs["activation"][0].name == "quantize"
+    assert World().check(fresh, 2, fresh_codecs, {1: window(1.2 * MB)}) == []  # the rates it chose for came back
+    assert len(World().check(fresh, 4, fresh_codecs, {1: window(1e12)})) == 2
+
+
+def test_the_schedule_checks_early_then_every_retune_every_steps():
+    tuner = AutoTuner(retune_every=5)
+    due = []
+    for step in range(0, 30):
+        if tuner.due(step):
+            tuner.mark(step)
+            due.append(step)
+    assert due == [1, 2, 4, 8, 13, 18, 23, 28]
+
+
+@pytest.mark.parametrize("candidates, match", [
+    ((("none", {}), ("bottleneck", {})), "a learned bottleneck is not a candidate"),
+    ((("none", {}), ("nope", {})), "'nope' is not a registered codec"),
+    ((("fp16", {}),), "must include \\('none', \\{\\}\\)"),
+    ((("none",),), "a candidate is a \\(name, kwargs\\) pair"),
+])
+def test_bad_candidates_raise(candidates, match):
+    with pytest.raises(ValueError, match=match):
+        AutoTuner(candidates=candidates)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"tolerance": -1}, "tolerance must be a number >= 0"),
+    ({"retune_every": 0}, "retune_every must be a positive"),
+    ({"window_bytes": 10, "min_bytes": 20}, "must not exceed window_bytes"),
+])
+def test_bad_settings_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AutoTuner(**kwargs)
+
+
+def test_the_default_candidates_are_bottleneck_free_codecs():
+    names = {name for name, _ in AutoTuner().candidates}
+    assert "bottleneck" not in names and {"none", "fp16", "sortquant", "lloydmax"} <= names
+
+
+def test_a_bottleneck_the_user_asked_for_stays_beside_auto_gradients():
+    from lightning_epipe import EPipeStrategy
+    from lightning_epipe.compressors.bottleneck import Bottleneck
+
+    strategy = EPipeStrategy(activation_compressor="bottleneck", gradient_compressor="auto",
+                             compressor_kwargs={"ratio": 0.25})
+    codecs = strategy.config.codec_book(2)
+    assert codecs.auto_links() == [("gradient", 0), ("gradient", 1)]
+    assert all(s.bottleneck is not None and not s.auto for s in codecs.specs["activation"])
+    with pytest.raises(ValueError, match="wire='auto' is not supported"):
+        Bottleneck(wire="auto")
