@@ -24,7 +24,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from lightning_epipe.strategy.bottlenecks import ATTRIBUTE as BOTTLENECKS
+from lightning_epipe.strategy.bottleneck_layers import ATTRIBUTE as BOTTLENECKS
 from lightning_epipe.strategy.collectives import gather_tensors
 from lightning_epipe.strategy.transport import Transport
 

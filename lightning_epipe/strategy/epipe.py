@@ -47,7 +47,7 @@ from typing_extensions import override
 
 from lightning_epipe.compressors import BottleneckPair
 from lightning_epipe.strategy import checkpoint_state as ckpt
-from lightning_epipe.strategy.bottlenecks import ensure_optimized, install_bottlenecks, split_bottleneck_state
+from lightning_epipe.strategy.bottleneck_layers import ensure_optimized, install_bottlenecks, split_bottleneck_state
 from lightning_epipe.strategy.clipping import clip_across_stages
 from lightning_epipe.strategy.client_step import ClientStep
 from lightning_epipe.strategy.codecs import CodecBook
@@ -68,7 +68,7 @@ from lightning_epipe.strategy.server_loop import ServerHooks, StepEnd, serve_ste
 from lightning_epipe.strategy.stats import PipelineStats
 from lightning_epipe.strategy.stream_groups import StreamGroups, create_stream_groups
 from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.tuning import AutoTuner
+from lightning_epipe.strategy.auto_tuner import AutoTuner
 from lightning_epipe.strategy.wire import Command
 
 __all__ = ["EPipeStrategy"]

@@ -28,7 +28,7 @@ from lightning_epipe.strategy.balance import cut_nbytes, layer_memory, measure_l
 from lightning_epipe.strategy.balance_solver import rank_loads, solve_balance
 from lightning_epipe.strategy.collectives import broadcast_json
 from lightning_epipe.strategy.device_memory import memory_capacity
-from lightning_epipe.strategy.tuning import probe_bandwidth
+from lightning_epipe.strategy.auto_tuner import probe_bandwidth
 
 __all__ = ["measured_balance"]
 

@@ -158,8 +158,8 @@ def test_batch_size_fn_overrides_the_strategys_row_count():
 def test_auto_decisions_are_logged_at_their_step_and_as_a_wandb_table():
     from lightning.pytorch.loggers import WandbLogger
 
-    from lightning_epipe.strategy.autotune import LinkChoice
-    from lightning_epipe.strategy.tuning import AutoTuner
+    from lightning_epipe.strategy.auto_choice import LinkChoice
+    from lightning_epipe.strategy.auto_tuner import AutoTuner
 
     run = Run(rank=0, log_every=100)
     run.strategy._tuner = AutoTuner()

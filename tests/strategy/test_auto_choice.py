@@ -7,8 +7,8 @@ import math
 import pytest
 
 from lightning_epipe.compressors.profile import CodecProfile
-from lightning_epipe.strategy import autotune
-from lightning_epipe.strategy.autotune import (
+from lightning_epipe.strategy import auto_choice
+from lightning_epipe.strategy.auto_choice import (
     ACTIVATION_ERROR_BUDGET,
     GRADIENT_ERROR_BUDGET,
     LinkChoice,
@@ -42,7 +42,7 @@ PROFILES = [NONE, FP16, Q8, SQ8, LM4, TOPK]
 
 
 def test_doctests():
-    assert doctest.testmod(autotune).failed == 0
+    assert doctest.testmod(auto_choice).failed == 0
 
 
 def test_predicted_seconds_is_encode_plus_transfer_plus_decode():

@@ -29,7 +29,7 @@ a slower next stage makes every send look that long, see
 :mod:`~lightning_epipe.strategy.linkrate`). Under GPipe, activations cross during the
 forward phase only, so this hides more than GPipe does: a link whose transfers are a little
 longer than the slowest forward but shorter than forward + backward stays uncompressed.
-The tuner measures ``hidden_s`` (:class:`~lightning_epipe.strategy.tuning.AutoTuner`). With
+The tuner measures ``hidden_s`` (:class:`~lightning_epipe.strategy.auto_tuner.AutoTuner`). With
 an infinitely fast link, or one whose transfers all hide, every codec only costs its encode
 and decode time and the cheapest one (normally ``none``) wins.
 

@@ -18,11 +18,11 @@ then every ``retune_every`` steps:
 3. Where the rate moved by more than ``tolerance`` since the link's decision (a lower
    bound only when it rose above that), the sender profiles every candidate codec on the
    last tensor it sent there (the runtime's ``samples``) and picks the fastest within the
-   error budget (:func:`~lightning_epipe.strategy.autotune.choose_codec`), a transfer
+   error budget (:func:`~lightning_epipe.strategy.auto_choice.choose_codec`), a transfer
    hidden behind its share of the slowest rank's compute per micro-batch: that compute
    divided by the messages the same sender -> receiver link carries per micro-batch (an
    activation and a gradient of two cuts, in the client-server placement) (the cost model
-   of :mod:`~lightning_epipe.strategy.autotune`).
+   of :mod:`~lightning_epipe.strategy.auto_choice`).
 4. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
    them, so the two ends of a link switch codecs at the same step.
 
@@ -45,7 +45,7 @@ from torch import Tensor
 
 from lightning_epipe.compressors.profile import DEFAULT_CANDIDATES, profile_codecs
 from lightning_epipe.compressors.registry import available_compressors
-from lightning_epipe.strategy.autotune import (
+from lightning_epipe.strategy.auto_choice import (
     LinkChoice,
     choices_from_json,
     choices_to_json,
