@@ -10,7 +10,7 @@ then every ``retune_every`` steps:
    bound where the link was not saturated), and its compute seconds per micro-batch.
 2. A link (a cut and a direction) whose sender has not yet sent ``min_bytes`` to that peer
    waits, uncompressed, for a later check. There is no probe: a ping-pong of one message
-   (``probe_bandwidth``, still used by ``balance="measured"``) fits in a token bucket's
+   (:func:`~lightning_epipe.strategy.collectives.probe_bandwidth`, which ``balance="time"`` uses) fits in a token bucket's
    burst or a socket buffer and reads far too fast (on ``tbf rate 20mbit burst 1mbit`` it
    gave 3 of 4 links ~90x their rate and auto lost to a fixed codec), while a few steps of
    uncompressed traffic measure the link with the most bytes it will ever carry, and cost
@@ -35,11 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any, Mapping, Optional
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import Tensor
 
@@ -58,36 +56,8 @@ from lightning_epipe.strategy.codecs import CodecBook
 from lightning_epipe.strategy.collectives import broadcast_json
 from lightning_epipe.strategy.linkrate import MIN_BYTES, WINDOW_BYTES, LinkRate, TransferWindow, estimate_rate
 from lightning_epipe.strategy.partition import PipelinePlan
-from lightning_epipe.strategy.timing import synchronize
 
-__all__ = ["AutoTuner", "probe_bandwidth", "hidden_seconds", "messages_per_microbatch"]
-
-_PROBE_ROUNDS = 3
-
-
-def probe_bandwidth(src: int, dst: int, nbytes: int, rank: int, device: torch.device, rounds: int = _PROBE_ROUNDS) -> Optional[float]:
-    """Bytes/s from ``src`` to ``dst`` for ``nbytes`` messages (best of ``rounds`` ping-pongs);
-    ``None`` on ranks other than ``src``. Both ``src`` and ``dst`` must call it, others must not."""
-    size = torch.tensor([nbytes], dtype=torch.int64, device=device)
-    ack = torch.zeros(1, dtype=torch.uint8, device=device)
-    if rank == src:
-        dist.send(size, dst)
-        payload = torch.zeros(max(1, nbytes), dtype=torch.uint8, device=device)
-        best = float("inf")
-        for _ in range(rounds):
-            start = time.perf_counter()
-            dist.send(payload, dst)
-            dist.recv(ack, dst)
-            synchronize(device)  # NCCL returns once the operations are queued
-            best = min(best, time.perf_counter() - start)
-        return max(1, nbytes) / max(best, 1e-9)
-    dist.recv(size, src)
-    payload = torch.empty(max(1, int(size.item())), dtype=torch.uint8, device=device)
-    for _ in range(rounds):
-        dist.recv(payload, src)
-        dist.send(ack, src)
-    return None
-
+__all__ = ["AutoTuner", "hidden_seconds", "messages_per_microbatch"]
 
 def hidden_seconds(reports: Mapping[int, Mapping[str, Any]]) -> float:
     """Compute seconds per message a transfer hides behind: the slowest rank's compute per

@@ -3,21 +3,24 @@
 - :func:`broadcast_json`: a JSON value from one rank to all (``torch.distributed.broadcast``).
 - :func:`gather_tensors`: every rank's ``{name: Tensor}`` on rank 0, as one JSON description
   (names, dtypes, shapes) and one uint8 payload per rank, through the control stream.
+- :func:`probe_bandwidth`: a ping-pong between two ranks (what ``balance="time"`` sizes cuts by).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_epipe.strategy.timing import synchronize
 from lightning_epipe.strategy.transport import Transport
 from lightning_epipe.strategy.wire import Header, Kind, WireError
 
-__all__ = ["broadcast_json", "gather_tensors", "json_to_bytes", "bytes_to_json"]
+__all__ = ["broadcast_json", "gather_tensors", "probe_bandwidth", "json_to_bytes", "bytes_to_json"]
 
 _DTYPES = {str(d): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
@@ -88,3 +91,30 @@ def gather_tensors(transport: Transport, world_size: int, local: dict[str, Tenso
         if offset != blob.numel():
             raise WireError(f"{what}: {blob.numel()} bytes received but the description accounts for {offset}")
     return merged
+
+
+_PROBE_ROUNDS = 3
+
+
+def probe_bandwidth(src: int, dst: int, nbytes: int, rank: int, device: torch.device, rounds: int = _PROBE_ROUNDS) -> Optional[float]:
+    """Bytes/s from ``src`` to ``dst`` for ``nbytes`` messages (best of ``rounds`` ping-pongs);
+    ``None`` on ranks other than ``src``. Both ``src`` and ``dst`` must call it, others must not."""
+    size = torch.tensor([nbytes], dtype=torch.int64, device=device)
+    ack = torch.zeros(1, dtype=torch.uint8, device=device)
+    if rank == src:
+        dist.send(size, dst)
+        payload = torch.zeros(max(1, nbytes), dtype=torch.uint8, device=device)
+        best = float("inf")
+        for _ in range(rounds):
+            start = time.perf_counter()
+            dist.send(payload, dst)
+            dist.recv(ack, dst)
+            synchronize(device)  # NCCL returns once the operations are queued
+            best = min(best, time.perf_counter() - start)
+        return max(1, nbytes) / max(best, 1e-9)
+    dist.recv(size, src)
+    payload = torch.empty(max(1, int(size.item())), dtype=torch.uint8, device=device)
+    for _ in range(rounds):
+        dist.recv(payload, src)
+        dist.send(ack, src)
+    return None

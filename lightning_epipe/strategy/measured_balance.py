@@ -26,9 +26,8 @@ from torch import nn
 from lightning_epipe.compressors import Compressor
 from lightning_epipe.strategy.balance import cut_nbytes, layer_memory, measure_layers
 from lightning_epipe.strategy.balance_solver import rank_loads, solve_balance
-from lightning_epipe.strategy.collectives import broadcast_json
+from lightning_epipe.strategy.collectives import broadcast_json, probe_bandwidth
 from lightning_epipe.strategy.device_memory import memory_capacity
-from lightning_epipe.strategy.auto_tuner import probe_bandwidth
 
 __all__ = ["measured_balance"]
 

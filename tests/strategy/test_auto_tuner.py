@@ -53,7 +53,7 @@ class World:
     def check(self, tuner, step, codecs, rates=None, compute=(0.0, 0)):
         samples = {("activation", 0): torch.randn(64, 256), ("gradient", 1): torch.randn(64, 256)}
         with mock.patch("lightning_epipe.strategy.auto_tuner.broadcast_json", self.broadcast_json), \
-                mock.patch("lightning_epipe.strategy.auto_tuner.probe_bandwidth", self.probe):
+                mock.patch("lightning_epipe.strategy.collectives.probe_bandwidth", self.probe):
             return tuner.maybe_retune(step, PLAN, 0, codecs, samples, CPU, 0, rates or {}, compute)
 
 
