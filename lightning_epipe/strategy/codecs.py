@@ -43,14 +43,12 @@ class CodecSpec:
     auto: bool = False  # compressor="auto": the codec is chosen (and changed) while training
 
     def make(self) -> Compressor:
+        """A fresh codec of this spec, unwrapped (:meth:`CodecBook.get` wraps a stream's)."""
         if self.prototype is not None:
             fresh = copy.deepcopy(self.prototype)
             fresh.reset()
-        else:
-            fresh = get_compressor(self.name, **self.kwargs)
-        if self.feedback and not fresh.lossless and not isinstance(fresh, ErrorFeedback):
-            fresh = ErrorFeedback(fresh)
-        return fresh
+            return fresh
+        return get_compressor(self.name, **self.kwargs)
 
     def describe(self) -> str:
         if self.prototype is not None:
@@ -130,11 +128,19 @@ class CodecBook:
         key = (direction, cut, slot, index)
         codec = self._streams.get(key)
         if codec is None:
-            codec = self.specs[direction][cut].make()
-            if self.delta is not None and direction == "activation":
-                codec = DeltaCompressor(inner=codec, first=get_compressor(self.delta.first, check_finite=False),
-                                        cache=self._cache(cut, index), check_finite=False)
-            self._streams[key] = codec
+            codec = self._streams[key] = self._make_stream(direction, cut, index)
+        return codec
+
+    def _make_stream(self, direction: str, cut: int, index: int) -> Compressor:
+        """A stream's codec, wrapped here and only here: error feedback around a lossy codec
+        (``feedback`` specs), then delta compression around activations (``delta``)."""
+        spec = self.specs[direction][cut]
+        codec = spec.make()
+        if spec.feedback and not codec.lossless and not isinstance(codec, ErrorFeedback):
+            codec = ErrorFeedback(codec)
+        if self.delta is not None and direction == "activation":
+            codec = DeltaCompressor(inner=codec, first=get_compressor(self.delta.first, check_finite=False),
+                                    cache=self._cache(cut, index), check_finite=False)
         return codec
 
     def _cache(self, cut: int, index: int) -> SampleCache:
