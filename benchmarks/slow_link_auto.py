@@ -16,7 +16,7 @@ decisions come at steps 1, 2, 4, ...; they are inside the warm-up by default).
 
 Reported per rate: the median samples/s of each method and its spread, auto's speed over the
 best fixed codec's, and the codecs auto chose (with its reasons in the JSON). Run it on an
-otherwise idle machine. Writes ``benchmarks/results/slow_link_auto.json`` (``--out``).
+otherwise idle machine. Writes ``benchmarks/results/slow_link_auto.{json,png}`` (``--out``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
+from benchmarks.common import axes, finish, fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
 
 BATCH = 256
 METHODS = {
@@ -100,6 +100,20 @@ def table(rows: list[dict]) -> str:
                            "auto / best fixed", "auto chose", "errors"], body)
 
 
+def plot(rows: list[dict], name: str = "slow_link_auto.png") -> Path:
+    """Median samples/s per method against the link's rate (the unlimited link drawn at 10 Gbit/s)."""
+    fig, ax = axes()
+    unlimited = 10_000.0
+    for method in dict.fromkeys(r["method"] for r in rows):
+        points = sorted((r["rate_mbit"] or unlimited, statistics.median(r["samples_per_s"]))
+                        for r in rows if r["method"] == method and r["samples_per_s"])
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=method)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    return finish(fig, ax, name, "link rate (Mbit/s; unlimited drawn at 10000)", "samples/s (median of repetitions)",
+                  "compressor='auto' vs fixed codecs on token-bucket links")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", nargs="+", default=[str(r or "unlimited") for r in RATES],
@@ -123,6 +137,7 @@ def main() -> None:
     path = write_json(args.out, {"load_before": before, "load_after": load(), "steps": args.steps, "warmup": args.warmup,
                                  "repeats": args.repeats, "rows": rows, "table": text})
     print(f"wrote {path}")
+    print(f"plot: {plot(rows, Path(args.out).with_suffix('.png').name)}")
 
 
 if __name__ == "__main__":
