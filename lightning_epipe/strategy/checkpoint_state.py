@@ -25,11 +25,12 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from lightning_epipe.strategy.bottleneck_layers import ATTRIBUTE as BOTTLENECKS
+from lightning_epipe.strategy.bottleneck_layers import split_bottleneck_state
 from lightning_epipe.strategy.collectives import gather_tensors
 from lightning_epipe.strategy.transport import Transport
 
-__all__ = ["flatten_state", "unflatten_state", "owned_state", "gather_optimizer_state", "load_owned_optimizer_state",
-           "local_extra_state", "rank_resume_state", "restore_rng"]
+__all__ = ["flatten_state", "unflatten_state", "owned_state", "gather_model_state", "gather_optimizer_state",
+           "load_owned_optimizer_state", "local_extra_state", "extra_state", "rank_resume_state", "restore_rng"]
 
 
 def flatten_state(state: Any, prefix: str = "") -> dict[str, Tensor]:
@@ -81,6 +82,31 @@ def owned_state(module: nn.Module, pipeline_attr: Optional[str], owned_layers: O
         k: v for k, v in state.items()
         if not v.is_meta and (k.startswith(BOTTLENECKS + ".") or k.startswith(prefix) and k[len(prefix):].split(".", 1)[0] in owned)
     }
+
+
+def gather_model_state(transport: Transport, world_size: int, module: nn.Module,
+                       owned: dict[str, Tensor]) -> Optional[tuple[dict[str, Tensor], dict[str, Tensor]]]:
+    """Every rank's ``owned`` weights merged on rank 0 as ``(model state, bottleneck state)``, in
+    the module's key order (``None`` elsewhere; a collective)."""
+    full = module.state_dict()
+    merged = gather_tensors(transport, world_size, owned)
+    if merged is None:
+        return None
+    missing = [k for k in full if k not in merged]
+    if missing:
+        raise RuntimeError(f"EPipeStrategy could not collect {len(missing)} weights for the checkpoint, e.g. {missing[:3]}")
+    return split_bottleneck_state({k: merged[k] for k in full})
+
+
+def extra_state(balance: list[int], placement: str, merged: dict[str, Tensor], bottlenecks: dict[str, Tensor],
+                auto: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """``checkpoint["epipe"]`` from every rank's gathered :func:`local_extra_state`."""
+    extra: dict[str, Any] = {"balance": balance, "placement": placement, "ranks": unflatten_state(merged)}
+    if bottlenecks:
+        extra["bottlenecks"] = bottlenecks
+    if auto is not None:
+        extra["auto"] = auto
+    return extra
 
 
 def gather_optimizer_state(transport: Transport, world_size: int, optimizer: Optimizer) -> Optional[dict[str, Any]]:

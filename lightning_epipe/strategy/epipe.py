@@ -47,7 +47,7 @@ from typing_extensions import override
 
 from lightning_epipe.compressors import BottleneckPair
 from lightning_epipe.strategy import checkpoint_state as ckpt
-from lightning_epipe.strategy.bottleneck_layers import ensure_optimized, install_bottlenecks, split_bottleneck_state
+from lightning_epipe.strategy.bottleneck_layers import ensure_optimized, install_bottlenecks
 from lightning_epipe.strategy.clipping import clip_across_stages
 from lightning_epipe.strategy.client_step import ClientStep
 from lightning_epipe.strategy.codecs import CodecBook
@@ -607,17 +607,13 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The full state dict on rank 0 (every stage's weights gathered), ``{}`` elsewhere."""
-        full = self.lightning_module.state_dict()
         if self._runtime is None:
-            return full
-        merged = gather_tensors(self._transport, self.world_size, self._owned_state())
-        if merged is None:
+            return self.lightning_module.state_dict()
+        gathered = ckpt.gather_model_state(self._transport, self.world_size, self.lightning_module, self._owned_state())
+        if gathered is None:
             return {}
-        missing = [k for k in full if k not in merged]
-        if missing:
-            raise RuntimeError(f"EPipeStrategy could not collect {len(missing)} weights for the checkpoint, e.g. {missing[:3]}")
         # the bottlenecks go to checkpoint["epipe"], so that the plain model loads without the strategy
-        model_state, self._bottleneck_state = split_bottleneck_state({k: merged[k] for k in full})
+        model_state, self._bottleneck_state = gathered
         return model_state
 
     @override
@@ -646,12 +642,8 @@ class EPipeStrategy(ParallelStrategy):
         merged = gather_tensors(self._transport, self.world_size, local)
         if merged is None:
             return None
-        extra = {"balance": list(self.plan.balance), "placement": self.placement, "ranks": ckpt.unflatten_state(merged)}
-        if self._bottleneck_state:
-            extra["bottlenecks"] = self._bottleneck_state
-        if self._tuner is not None:
-            extra["auto"] = self._tuner.state_dict()
-        return extra
+        return ckpt.extra_state(list(self.plan.balance), self.placement, merged, self._bottleneck_state,
+                                None if self._tuner is None else self._tuner.state_dict())
 
     @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: Optional[bool] = None) -> dict[str, Any]:
