@@ -199,8 +199,13 @@ class AutoTuner:
         profiles = profile_codecs(sample.detach(), self.candidates)
         nbytes = sample.numel() * sample.element_size()
         hidden_s /= messages_per_microbatch(plan, sender, receiver)
-        choice = choose_codec(profiles, nbytes, rate.bandwidth, budget, cut, direction, hidden_s)
-        return dataclasses.replace(choice, reason=f"{choice.reason}; link rate: {rate.describe()}")
+        # Uncompressed traffic that left the link idle between messages already hides its
+        # transfers: a codec there can only add its own time (on a fast link the measured rate
+        # is the pace of the messages, not the link's, so it cannot be compared with codecs).
+        idle = rate.lower_bound and (old is None or old.name == "none")
+        choice = choose_codec(profiles, nbytes, math.inf if idle else rate.bandwidth, budget, cut, direction, hidden_s)
+        why = "; uncompressed messages did not queue, so no codec can shorten the transfers" if idle else ""
+        return dataclasses.replace(choice, bandwidth=rate.bandwidth, reason=f"{choice.reason}{why}; link rate: {rate.describe()}")
 
     def _apply(self, choice: LinkChoice, codecs: CodecBook) -> None:
         self.choices[(choice.cut, choice.direction)] = choice

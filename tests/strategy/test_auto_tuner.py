@@ -91,6 +91,16 @@ def test_drift_beyond_the_tolerance_decides_again_a_lower_bound_only_upward():
     assert [step for step, _ in tuner.history] == [1, 1, 8, 8, 16, 16]
 
 
+def test_uncompressed_traffic_that_never_queued_stays_uncompressed():
+    """A fast link reads slow when the messages, not the link, set the pace: that is no reason to compress."""
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    made = world.check(tuner, 1, codecs, {1: window(0.01 * MB, queued=False)})
+    assert {c.label for c in made} == {"none"}
+    assert all("did not queue" in c.reason and c.bandwidth == pytest.approx(0.01 * MB) for c in made)
+    made = world.check(tuner, 2, codecs, {1: window(0.004 * MB)})  # now queued, and slower: a real slow link
+    assert {c.label for c in made} == {"quantize(bits=8)"} and not any("did not queue" in c.reason for c in made)
+
+
 def test_compute_hides_a_slow_transfer():
     world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
     world.peer_report |= {"compute_s": 100.0, "microbatches": 10}  # rank 1: 10 s per micro-batch
