@@ -83,33 +83,15 @@ class P2PBackend:
     irecv: Callable[[Tensor, int, Any], Any]
 
 
-class _GroupRanks:
-    """A global rank's rank within a process group, looked up once per (group, rank)."""
-
-    def __init__(self) -> None:
-        self._ranks: dict[tuple[int, int], tuple[Any, int]] = {}
-
-    def __call__(self, group: Any, rank: int) -> tuple[Any, int]:
-        pg = dist.group.WORLD if group is None else group
-        key = (id(pg), rank)
-        found = self._ranks.get(key)
-        if found is None or found[0] is not pg:  # the cache holds its groups, so an id is never reused under it
-            found = self._ranks[key] = (pg, dist.get_group_rank(pg, rank))
-        return found
-
-
-_group_rank = _GroupRanks()
-
-
 def _dist_isend(t: Tensor, dst: int, group: Any) -> Any:
     """``dist.isend`` minus its per-call argument checks (the frames are always contiguous uint8)."""
-    pg, rank = _group_rank(group, dst)
-    return pg.send([t], rank, 0)
+    pg = dist.group.WORLD if group is None else group
+    return pg.send([t], dist.get_group_rank(pg, dst), 0)
 
 
 def _dist_irecv(t: Tensor, src: int, group: Any) -> Any:
-    pg, rank = _group_rank(group, src)
-    return pg.recv([t], rank, 0)
+    pg = dist.group.WORLD if group is None else group
+    return pg.recv([t], dist.get_group_rank(pg, src), 0)
 
 
 DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv)
