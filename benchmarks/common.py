@@ -147,3 +147,9 @@ def slow_loopback(name: str, mbit: Optional[float]) -> Iterator[str]:
         yield name
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def load_average() -> str:
+    """``"load average 0.52 0.61 0.70 (2 cores)"``: printed with every table."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"

@@ -34,7 +34,9 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import axes, finish, fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    axes, finish, fmt, load_average, markdown_table, netns_available, run, slow_loopback, write_json,
+)
 from lightning_epipe.strategy.schedule import ideal_efficiency  # noqa: E402
 
 SPLITS = {2: [5, 3], 3: [3, 3, 2]}
@@ -42,10 +44,6 @@ BATCH = 256
 SLOW_CODECS = {"none": {"compressor": "none"}, "sortquant-8": {"compressor": "sortquant", "bits": 8},
                "lloydmax-4": {"compressor": "lloydmax", "bits": 4}}
 
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
 
 
 def cells(widths: list[int], chunks: list[int], stages: list[int], one_f_one_b: list[int],
@@ -189,7 +187,7 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", type=float, default=[20, 100])
     parser.add_argument("--out", default=None, help="file name under benchmarks/results")
     args = parser.parse_args()
-    print(load(), flush=True)
+    print(load_average(), flush=True)
     if args.slow_link:
         reason = netns_available()
         if reason:
@@ -197,16 +195,16 @@ def main() -> None:
             return
         rows = slow_link(args.rates, args.repeats, args.steps)
         text = slow_table(rows)
-        write_json(args.out or "engine_slow_link.json", {"load_after": load(), "rows": rows, "table": text})
+        write_json(args.out or "engine_slow_link.json", {"load_after": load_average(), "rows": rows, "table": text})
     else:
         grid = cells(args.widths, args.chunks, args.stages, args.one_f_one_b, args.no_checksum, args.widths3)
         rows = measure(grid, args.repeats, args.steps)
         text = table(rows)
-        write_json(args.out or "engine.json", {"load_after": load(), "rows": rows, "summary": [summary(r) for r in rows],
+        write_json(args.out or "engine.json", {"load_after": load_average(), "rows": rows, "summary": [summary(r) for r in rows],
                                                "table": text})
         print("plot:", plot(rows))
     print(text)
-    print(load())
+    print(load_average())
 
 
 if __name__ == "__main__":

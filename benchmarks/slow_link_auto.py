@@ -30,7 +30,9 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import axes, finish, fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    axes, finish, fmt, load_average, markdown_table, netns_available, run, slow_loopback, write_json,
+)
 
 BATCH = 256
 METHODS = {
@@ -41,10 +43,6 @@ METHODS = {
 }
 RATES: list[Optional[float]] = [5, 20, 100, 1000, None]  # Mbit/s; None: unlimited
 
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
 
 
 def config(method: str, steps: int, warmup: int) -> dict:
@@ -129,12 +127,12 @@ def main() -> None:
         print(f"skipped: {reason}")
         return
     rates = [None if r == "unlimited" else float(r) for r in args.rates]
-    before = load()
+    before = load_average()
     print(before, flush=True)
     rows = measure(rates, args.methods, args.repeats, args.steps, args.warmup)
     text = table(rows)
     print(text)
-    path = write_json(args.out, {"load_before": before, "load_after": load(), "steps": args.steps, "warmup": args.warmup,
+    path = write_json(args.out, {"load_before": before, "load_after": load_average(), "steps": args.steps, "warmup": args.warmup,
                                  "repeats": args.repeats, "rows": rows, "table": text})
     print(f"wrote {path}")
     print(f"plot: {plot(rows, Path(args.out).with_suffix('.png').name)}")

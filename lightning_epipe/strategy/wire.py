@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import struct
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -129,7 +129,8 @@ class Header:
 
     def framed(self, payload_nbytes: int, crc: int = 0, flags: int = 0) -> "Header":
         """This header as the frame that carries ``payload_nbytes`` bytes sends it (``flags`` added)."""
-        return replace(self, payload_nbytes=payload_nbytes, crc=crc, flags=self.flags | flags)
+        return Header(self.kind, self.step, self.microbatch, self.num_microbatches, self.index, self.count,
+                      self.flags | flags, payload_nbytes, crc, self.arg)  # not dataclasses.replace: once per message
 
     def to_tensor(self, device: torch.device | str = "cpu") -> Tensor:
         return torch.tensor(self.values(), dtype=torch.int64, device=device)
