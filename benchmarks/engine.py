@@ -7,6 +7,8 @@
 The model: 8 blocks of ``Linear(w, w) + ReLU`` (MSE on a random target), batch 256, one torch
 thread per process, chain placement (rank i runs stage i; EPipe puts the last stage on rank
 0, the same topology). Split ``[5, 3]`` for K = 2 (after block 5), ``[3, 3, 2]`` for K = 3.
+Both read each batch as one slice of in-memory tensors (``models.loader``; no per-sample
+collation), and neither logs; EPipe runs its monitor, as a user would.
 Every cell runs EPipe, then torch's ``ScheduleGPipe`` (``Schedule1F1B`` for 1F1B) right after
 it, and the repetitions go round the whole grid, so each ratio compares runs made side by
 side. Reported: the median samples/s of each over the repetitions, the median of the

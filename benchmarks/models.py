@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 import lightning as L
 
@@ -76,5 +76,23 @@ class StackRegressor(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
-def loader(dataset: TensorDataset, batch_size: int) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, drop_last=True)
+class RowBatches(Sampler):
+    """Batch ``s`` is rows ``s * batch_size + rank * per_rank`` onward (``per_rank = batch_size /
+    world``) taken as one slice: no per-sample indexing or collation, so the input path costs
+    the same under every strategy (torch pipelining's loop slices its tensors the same way)."""
+
+    def __init__(self, rows: int, batch_size: int, rank: int = 0, world: int = 1) -> None:
+        self.steps, self.batch_size, self.per_rank, self.rank = rows // batch_size, batch_size, batch_size // world, rank
+
+    def __iter__(self):
+        for step in range(self.steps):
+            start = step * self.batch_size + self.rank * self.per_rank
+            yield slice(start, start + self.per_rank)
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+def loader(dataset: TensorDataset, batch_size: int, rank: int = 0, world: int = 1) -> DataLoader:
+    """Global batches of ``batch_size`` rows in order; this rank's ``1 / world`` of each (DDP)."""
+    return DataLoader(dataset, sampler=RowBatches(len(dataset), batch_size, rank, world), batch_size=None)

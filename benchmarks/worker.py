@@ -145,24 +145,24 @@ def run_lightning(cfg: dict) -> dict | None:
     layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
     kind, devices, batch = cfg["kind"], cfg["devices"], cfg["batch"]
     data = make_data(shape, batch * cfg["steps"])
-    timer, callbacks = StepTimer(), []
-    if kind == "epipe":
-        replicas = cfg.get("strategy", {}).get("replicas", 1)
-        if batch % replicas:
-            raise ValueError(f"global batch {batch} does not split over {replicas} pipeline replicas")
-        strategy, per_rank, monitor = _epipe(cfg), batch // replicas, EPipeMonitor()
+    timer = StepTimer()
+    if kind == "epipe":  # each replica's client reads its share of every batch
+        readers = cfg.get("strategy", {}).get("replicas", 1)
+        strategy, monitor = _epipe(cfg), EPipeMonitor()
         callbacks = [timer, monitor]
-    elif kind == "ddp":
-        if batch % devices:
-            raise ValueError(f"global batch {batch} does not split over {devices} DDP ranks")
-        strategy, per_rank, monitor, callbacks = "ddp", batch // devices, None, [timer]
+    elif kind == "ddp":  # each rank reads its share
+        strategy, monitor, callbacks, readers = "ddp", None, [timer], devices
     else:
-        strategy, per_rank, monitor, callbacks, devices = "auto", batch, None, [timer], 1
+        strategy, monitor, callbacks, readers, devices = "auto", None, [timer], 1, 1
+    if batch % readers:
+        raise ValueError(f"global batch {batch} does not split over {readers} {kind} readers")
     memory = SavedMemory() if cfg.get("memory") else None
     if memory is not None:
         callbacks.append(memory)
-    trainer = _trainer(cfg, strategy, devices, callbacks, max_epochs=1, log_every_n_steps=10**6)
-    trainer.fit(StackRegressor(layers), loader(data, per_rank))
+    shard = (int(os.environ.get("LOCAL_RANK", "0")) // (devices // readers), readers)
+    trainer = _trainer(cfg, strategy, devices, callbacks, max_epochs=1, log_every_n_steps=10**6,
+                       use_distributed_sampler=False)  # each reader takes its shard of every batch itself
+    trainer.fit(StackRegressor(layers), loader(data, batch, *shard))
     if not trainer.is_global_zero:
         return None
     result = {"samples_per_s": samples_per_second(timer.times, cfg["warmup"], batch), "steps": len(timer.times)}

@@ -65,6 +65,7 @@ from lightning_epipe.strategy.runtime import PipelineRuntime
 from lightning_epipe.strategy.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.server_data import ServerBatches
 from lightning_epipe.strategy.server_loop import ServerHooks, StepEnd, serve_step
+from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, quiet_sigterm_handler
 from lightning_epipe.strategy.stats import PipelineStats
 from lightning_epipe.strategy.stream_groups import StreamGroups, create_stream_groups
 from lightning_epipe.strategy.transport import Transport
@@ -205,6 +206,7 @@ class EPipeStrategy(ParallelStrategy):
         self.stats = PipelineStats()
         self._plan: Optional[PipelinePlan] = None
         self._runtime: Optional[PipelineRuntime] = None
+        self._sigterm_broadcast: Optional[AsyncSigtermBroadcast] = None
         self._transport: Optional[Transport] = None  # global ranks: checkpoint state
         self._pipe_transport: Optional[Transport] = None  # this pipeline's ranks: the training's messages
         self._stream_groups: Optional[tuple[StreamGroups, Any]] = None
@@ -423,6 +425,10 @@ class EPipeStrategy(ParallelStrategy):
             layers.forward = self._pipelined_forward  # type: ignore[method-assign]
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
                            lambda: self.lightning_module.automatic_optimization)
+        quiet_sigterm_handler(trainer)
+        if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:  # no barrier at every step boundary
+            broadcast = AsyncSigtermBroadcast(trainer, self.root_device, self.config.timeout)
+            self._sigterm_broadcast = broadcast if broadcast.install() else None
         if not any(isinstance(cb, CallbackMetricsSync) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, CallbackMetricsSync(self.root_device))
         if self.is_client:
@@ -686,6 +692,9 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def teardown(self) -> None:
         module = self.lightning_module
+        if self._sigterm_broadcast is not None:
+            self._sigterm_broadcast.uninstall(wait=not self._failed)
+            self._sigterm_broadcast = None
         if module is not None and self._runtime is not None:
             fitted = module._trainer is not None and module._trainer.state.fn == TrainerFn.FITTING
             if fitted and not self._failed:  # rank 0's module holds every trained weight again (as after DDP)

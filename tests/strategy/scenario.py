@@ -148,10 +148,13 @@ class InjectFault(L.Callback):
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.kind == "stall":
                 time.sleep(3600)
+            if self.kind == "sigterm":  # as a cluster preempting the job would; Lightning forwards it to the other ranks
+                os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> None:
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from lightning_epipe import EPipeStrategy
 
@@ -174,7 +177,7 @@ def main() -> None:
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--nonfinite", default="raise")
-    p.add_argument("--fault", default=None, choices=["kill", "stall", "raise", "nan", "corrupt", "misorder"])
+    p.add_argument("--fault", default=None, choices=["kill", "stall", "raise", "nan", "corrupt", "misorder", "sigterm"])
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=2)
     p.add_argument("--precision", default="32-true")
@@ -223,7 +226,11 @@ def main() -> None:
         kwargs["enable_checkpointing"] = True
     kwargs["accelerator"] = args.accelerator
     trainer = L.Trainer(devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, precision=args.precision, **kwargs)
-    trainer.fit(model, loader(args.batch_size), loader(args.batch_size) if args.val else None, ckpt_path=args.resume)
+    try:
+        trainer.fit(model, loader(args.batch_size), loader(args.batch_size) if args.val else None, ckpt_path=args.resume)
+    except SIGTERMException:
+        print(f"rank {trainer.global_rank} stopped by SIGTERM at global_step {trainer.global_step}", flush=True)
+        raise
     callback_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if args.start_method != "popen":  # the launching process is not a rank: it gets rank 0's weights back
         torch.save({"state_dict": model.state_dict()}, args.out)
