@@ -9,8 +9,10 @@
    error ``|decode(encode(x)) - x| / |x|`` and wire ratio (headers included) of each codec.
 2. Training (unless ``--errors-only``): the example fine-tuned over 2 processes
    (client-server, balance [2, 4, 2], chunks 4), activations and gradients compressed,
-   ONE seed, few epochs, a reduced corpus (``--per-class``, ``--max-length``): a first
-   look, not the 3-seed comparison. Final test accuracy and MCC, the wire ratio.
+   once per seed of ``--seeds`` (the seed drives the head's initialization, dropout and the
+   shuffling), few epochs, a reduced corpus (``--per-class``, ``--max-length``). Final
+   test accuracy and MCC per run; per codec the median over the seeds, the spread
+   (min-max) and the median's difference to ``none``'s; the wire ratio.
 
 Writes ``benchmarks/results/docstrings.json`` and prints the tables with the load average.
 A run started by the script itself with ``--worker JSON`` is one training (rank 0 writes).
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -133,10 +136,35 @@ def error_table(errs: dict) -> str:
     return markdown_table(header, rows)
 
 
-def train_table(runs: dict) -> str:
-    rows = [[label, fmt(r.get("test_acc"), ".4f"), fmt(r.get("test_mcc"), ".4f"), fmt(r.get("ratio"), ".3f"),
-             fmt(r.get("fit_s"), ".0f"), r.get("error", "")] for label, r in runs.items()]
-    return markdown_table(["codec", "test acc", "test MCC", "wire ratio", "fit s", "error"], rows)
+def seed_summary(runs: dict) -> dict:
+    """Per codec, over its seeds: median and (min, max) of accuracy and MCC, their medians'
+    difference to ``none``'s, the median wire ratio, and the seeds that failed."""
+    out = {}
+    for label, by_seed in runs.items():
+        done = [r for r in by_seed.values() if "error" not in r]
+        row = {"seeds": len(done), "failed": sorted(s for s, r in by_seed.items() if "error" in r)}
+        for key in ("test_acc", "test_mcc", "ratio"):
+            values = [r[key] for r in done]
+            row[key] = statistics.median(values) if values else None
+            row[key + "_spread"] = (min(values), max(values)) if values else None
+        out[label] = row
+    base = out.get("none", {})
+    for row in out.values():
+        for key in ("test_acc", "test_mcc"):
+            both = row[key] is not None and base.get(key) is not None
+            row[key + "_vs_none"] = row[key] - base[key] if both else None
+    return out
+
+
+def train_table(summary: dict) -> str:
+    def spread(pair):
+        return "-" if pair is None else f"{pair[0]:.3f}-{pair[1]:.3f}"
+
+    rows = [[label, r["seeds"], fmt(r["test_acc"], ".3f"), spread(r["test_acc_spread"]), fmt(r["test_acc_vs_none"], "+.3f"),
+             fmt(r["test_mcc"], ".3f"), spread(r["test_mcc_spread"]), fmt(r["test_mcc_vs_none"], "+.3f"),
+             fmt(r["ratio"], ".3f"), ", ".join(map(str, r["failed"]))] for label, r in summary.items()]
+    return markdown_table(["codec", "seeds", "test acc (median)", "acc spread", "acc vs none", "test MCC (median)",
+                           "MCC spread", "MCC vs none", "wire ratio", "failed seeds"], rows)
 
 
 def main() -> None:
@@ -148,7 +176,7 @@ def main() -> None:
     parser.add_argument("--per-class", type=int, default=300)
     parser.add_argument("--max-length", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--out", default="docstrings.json")
     args = parser.parse_args()
@@ -159,17 +187,19 @@ def main() -> None:
     print("Relative L2 error (wire ratio) on the pretrained hidden states, 64 docstrings x 64 tokens:")
     print(error_table(result["errors"]))
     if not args.errors_only:
-        cfg = dict(seed=args.seed, epochs=args.epochs, per_class=args.per_class, max_length=args.max_length,
-                   batch=32, lr=args.lr)
-        result["train_config"] = cfg
-        result["runs"] = {}
-        for label in args.only or CODECS:
-            result["runs"][label] = train(label, cfg, args.timeout)
-            print(label, {k: v for k, v in result["runs"][label].items() if k != "log"}, flush=True)
-            write_json(args.out, result)
-        print(f"\nONE seed ({args.seed}), {args.epochs} epochs, {args.per_class} docstrings a class, "
+        cfg = dict(epochs=args.epochs, per_class=args.per_class, max_length=args.max_length, batch=32, lr=args.lr)
+        result["train_config"] = {**cfg, "seeds": args.seeds}
+        runs = result["runs"] = {label: {} for label in args.only or CODECS}
+        for seed in args.seeds:  # seeds outermost: every codec gets the same machine conditions
+            for label in runs:
+                runs[label][str(seed)] = train(label, {**cfg, "seed": seed}, args.timeout)
+                print(label, seed, {k: v for k, v in runs[label][str(seed)].items() if k != "log"}, flush=True)
+                result["summary"] = seed_summary(runs)
+                write_json(args.out, result)
+        result["table"] = train_table(result["summary"])
+        print(f"\nseeds {args.seeds}, {args.epochs} epochs, {args.per_class} docstrings a class, "
               f"{args.max_length} tokens, 2 processes:")
-        print(train_table(result["runs"]))
+        print(result["table"])
     result["load_after"] = os.getloadavg()
     print(f"load average before {result['load_before']}, after {result['load_after']}")
     print("wrote", write_json(args.out, result))
