@@ -65,7 +65,7 @@ from lightning_epipe.strategy.runtime import PipelineRuntime
 from lightning_epipe.strategy.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.server_data import ServerBatches
 from lightning_epipe.strategy.server_loop import ServerHooks, StepEnd, serve_step
-from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, quiet_sigterm_handler
+from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, has_step_broadcast, quiet_sigterm_handler
 from lightning_epipe.strategy.stats import PipelineStats
 from lightning_epipe.strategy.stream_groups import StreamGroups, create_stream_groups
 from lightning_epipe.strategy.transport import Transport
@@ -425,14 +425,25 @@ class EPipeStrategy(ParallelStrategy):
             layers.forward = self._pipelined_forward  # type: ignore[method-assign]
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
                            lambda: self.lightning_module.automatic_optimization)
-        quiet_sigterm_handler(trainer)
-        if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:  # no barrier at every step boundary
-            broadcast = AsyncSigtermBroadcast(trainer, self.root_device, self.config.timeout)
-            self._sigterm_broadcast = broadcast if broadcast.install() else None
+        self._install_sigterm_handling(trainer)
         if not any(isinstance(cb, CallbackMetricsSync) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, CallbackMetricsSync(self.root_device))
         if self.is_client:
             log.info("EPipeStrategy plan: balance=%s ranks=%s codecs=%s", plan.balance, plan.stage_ranks, self.compressor_description())
+
+    def _install_sigterm_handling(self, trainer: Trainer) -> None:
+        """No barrier at every step boundary, and SIGTERM stops every rank on the same step (sigterm_broadcast.py)."""
+        if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
+            broadcast = AsyncSigtermBroadcast(trainer, self.root_device, self.config.timeout)
+            self._sigterm_broadcast = broadcast if broadcast.install() else None
+        connector = trainer._signal_connector
+        if self._sigterm_broadcast is not None:
+            record = self._sigterm_broadcast.record
+        elif self.global_rank != 0 and has_step_broadcast(trainer):
+            record = None  # rank 0's broadcast decides
+        else:
+            record = lambda: setattr(connector, "received_sigterm", True)  # noqa: E731 - Lightning's own flag
+        quiet_sigterm_handler(trainer, record)
 
     def _create_transports(self) -> None:
         groups, control = self._stream_groups

@@ -13,7 +13,7 @@ from typing import Any, Union
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "batch_size", "scatter", "gather", "flatten", "unflatten"]
+__all__ = ["Batch", "batch_size", "scatter", "join", "gather", "flatten", "unflatten"]
 
 Batch = Union[Tensor, tuple, list, dict]
 
@@ -56,6 +56,16 @@ def scatter(batch: Batch, chunks: int) -> list[Batch]:
         return [{k: parts[k][i] for k in batch} for i in range(n)]
     parts = [torch.tensor_split(v, n) for v in batch]
     return [type(batch)(p[i] for p in parts) for i in range(n)]
+
+
+def join(microbatches: list[Batch]) -> Batch:
+    """The batch ``scatter`` split (tensors concatenated along dim 0, a copy)."""
+    first = microbatches[0]
+    if isinstance(first, Tensor):
+        return torch.cat(microbatches)
+    if isinstance(first, dict):
+        return {k: torch.cat([mb[k] for mb in microbatches]) for k in first}
+    return type(first)(torch.cat([mb[i] for mb in microbatches]) for i in range(len(first)))
 
 
 def gather(outputs: list[Any]) -> Any:

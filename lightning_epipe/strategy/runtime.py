@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from lightning_epipe.compressors import BottleneckPair, Compressor, Packet, PacketError
 from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.codecs import CodecBook
-from lightning_epipe.strategy.microbatch import Batch, flatten, unflatten
+from lightning_epipe.strategy.microbatch import Batch, flatten, join, scatter, unflatten
 from lightning_epipe.strategy.partition import PipelinePlan
 from lightning_epipe.strategy.schedule import rank_tasks, rank_tasks_1f1b, recomputes
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
@@ -39,7 +39,13 @@ from lightning_epipe.strategy.timing import ComputeTimer
 from lightning_epipe.strategy.transport import Transport
 from lightning_epipe.strategy.wire import Command, Direction, Flag, Header, Kind, StepFlag, WireError
 
-__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage"]
+__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "WHOLE_INPUT_BYTES"]
+
+# Raw inputs of a batch up to this size (token ids, small features) cross to the first stage as one
+# message per tensor for the whole batch, split there: a step sends 1 message per tensor instead of
+# one per micro-batch, whose fixed cost is most of a small transfer. Larger inputs go micro-batch by
+# micro-batch, so the first stage starts once the first one has arrived.
+WHOLE_INPUT_BYTES = 256 * 1024
 
 def _finite(t: Tensor) -> bool:
     """Whether ``t`` holds no NaN/Inf: one read for the sum (non-finite whenever ``t`` is), an
@@ -131,6 +137,8 @@ class PipelineRuntime:
         self._next_hooked = -1  # GPipe: the next micro-batch whose last-stage gradients go upstream
         self._input_layout_sent: Optional[dict] = None  # chain placement: the raw inputs' structure, as last sent
         self._input_layout: Optional[dict] = None  # ... and as last received
+        self.whole_input_bytes = WHOLE_INPUT_BYTES
+        self._whole_inputs: Optional[list[Batch]] = None  # first stage: this step's micro-batches of a whole-batch input
 
     def _stage_module(self, s: int, layers: nn.Sequential, pairs: dict[int, BottleneckPair]) -> nn.Sequential:
         """Stage ``s``'s layers, after the decoder of the cut before it and before the encoder of the cut after it."""
@@ -209,6 +217,7 @@ class PipelineRuntime:
         self.microbatches_run += num_microbatches
         self.sample_ids, self.num_samples = sample_ids, num_samples
         self.nonfinite_seen = False
+        self._whole_inputs = None
 
     def forward(self, microbatches: Optional[list[Batch]] = None) -> Optional[list[Any]]:
         """Run this rank's forward tasks for the current step (GPipe: backward comes later).
@@ -269,10 +278,16 @@ class PipelineRuntime:
         return self._outputs(outputs)
 
     def _send_inputs(self, microbatches: Optional[list[Batch]]) -> None:
-        """Chain placement: the client sends every micro-batch's raw inputs to the first stage."""
-        if self.rank == 0 and self.plan.input_rank != 0:
-            for i, mb in enumerate(microbatches):
-                self._send_input(mb, i)
+        """Chain placement: the client sends the raw inputs to the first stage, the whole batch at
+        once when it is small (``whole_input_bytes``), else micro-batch by micro-batch."""
+        if self.rank != 0 or self.plan.input_rank == 0:
+            return
+        nbytes = sum(t.numel() * t.element_size() for mb in microbatches for t in _input_tensors(mb))
+        if len(microbatches) > 1 and nbytes <= self.whole_input_bytes:
+            self._send_input(join(microbatches), 0, Flag.WHOLE_BATCH)
+            return
+        for i, mb in enumerate(microbatches):
+            self._send_input(mb, i)
 
     def _outputs(self, outputs: dict[int, Any]) -> Optional[list[Any]]:
         if self.last_stage in self.stage_ids:
@@ -481,32 +496,38 @@ class PipelineRuntime:
 
     # ------------------------------------------------------------------ raw inputs (chain placement)
 
-    def _send_input(self, mb: Batch, i: int) -> None:
-        """Micro-batch ``i``'s raw inputs to the first stage: one message per tensor, led by a
-        ``LAYOUT`` message (its structure as JSON) only when the structure changed."""
+    def _send_input(self, mb: Batch, i: int, flags: int = Flag.NONE) -> None:
+        """Micro-batch ``i``'s raw inputs to the first stage (or the whole batch's, as micro-batch 0
+        with ``WHOLE_BATCH`` in ``flags``): one message per tensor, led by a ``LAYOUT`` message (its
+        structure as JSON) only when the structure changed."""
         peer = self.plan.input_rank
+        tensors = _input_tensors(mb)
         if isinstance(mb, Tensor):
-            layout, tensors = {"type": "tensor", "count": 1}, [mb]
+            layout = {"type": "tensor", "count": 1}
         elif isinstance(mb, dict):
-            layout, tensors = {"type": "dict", "keys": list(mb), "count": len(mb)}, list(mb.values())
+            layout = {"type": "dict", "keys": list(mb), "count": len(mb)}
         else:
-            layout, tensors = {"type": type(mb).__name__, "count": len(mb)}, list(mb)
+            layout = {"type": type(mb).__name__, "count": len(mb)}
         lead = int(layout != self._input_layout_sent)
         n = len(tensors) + lead
         if lead:
             meta = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
-            header = Header.data(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.LAYOUT)
+            header = Header.data(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.LAYOUT | flags)
             nbytes = self.transport.send(peer, header, meta)
             self.stats.link(LinkKey("send", peer, Direction.INPUT)).add(nbytes, 0)
             self._input_layout_sent = layout
         for j, t in enumerate(tensors, start=lead):
-            self._send_one(Kind.INPUT, peer, 0, i, j, n, t.detach(), Flag.NONE)
+            self._send_one(Kind.INPUT, peer, 0, i, j, n, t.detach(), flags)
 
     def _recv_input(self, i: int) -> Batch:
+        if self._whole_inputs is not None:
+            return self._whole_inputs[i]
         what = f"input of step {self.step}, micro-batch {i}"
         got = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=0)
         count = got.header.count
-        self._prepost_next(0, Kind.INPUT, i, 0, count, 1)
+        whole = bool(got.header.flags & Flag.WHOLE_BATCH)
+        ahead = self.num_microbatches if whole else 1  # a whole batch is the step's only input
+        self._prepost_next(0, Kind.INPUT, i, 0, count, ahead)
         messages = [got]
         if got.header.flags & Flag.LAYOUT:
             self.stats.link(LinkKey("recv", 0, Direction.INPUT)).add(got.nbytes, 0)
@@ -520,15 +541,34 @@ class PipelineRuntime:
             raise WireError(f"{self.transport.link(0, False)}: {what}: {count} messages do not match the input layout {layout}")
         for j in range(1, count):
             messages.append(self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=j))
-            self._prepost_next(0, Kind.INPUT, i, j, count, 1)
+            self._prepost_next(0, Kind.INPUT, i, j, count, ahead)
         tensors = []
         for j, msg in enumerate(messages, start=count - len(messages)):
             t = self._decode(msg.payload, Direction.ACTIVATION, 0, i, j, 0, what)
             self.stats.link(LinkKey("recv", 0, Direction.INPUT)).add(msg.nbytes, t.numel() * t.element_size())
             tensors.append(t)
-        kind = layout.get("type")
-        if kind == "tensor":
-            return tensors[0]
-        if kind == "dict":
-            return dict(zip(layout["keys"], tensors))
-        return list(tensors) if kind == "list" else tuple(tensors)
+        batch = _input_batch(layout, tensors)
+        if not whole:
+            return batch
+        self._whole_inputs = scatter(batch, self.num_microbatches)
+        if len(self._whole_inputs) != self.num_microbatches:
+            raise WireError(f"{self.transport.link(0, False)}: {what}: a whole batch of {len(self._whole_inputs)} rows"
+                            f" for {self.num_microbatches} micro-batches")
+        return self._whole_inputs[i]
+
+
+def _input_tensors(batch: Batch) -> list[Tensor]:
+    """A raw input's tensors in message order."""
+    if isinstance(batch, Tensor):
+        return [batch]
+    return list(batch.values()) if isinstance(batch, dict) else list(batch)
+
+
+def _input_batch(layout: dict, tensors: list[Tensor]) -> Batch:
+    """Raw input tensors put back into the structure ``layout`` describes."""
+    kind = layout.get("type")
+    if kind == "tensor":
+        return tensors[0]
+    if kind == "dict":
+        return dict(zip(layout["keys"], tensors))
+    return list(tensors) if kind == "list" else tuple(tensors)

@@ -1,4 +1,4 @@
-"""Lightning's per-step SIGTERM broadcast, posted by the client without waiting for it.
+"""Lightning's per-step SIGTERM broadcast without a barrier, and SIGTERM that stops a pipeline.
 
 Lightning (2.5 and later) starts every training batch with a ``torch.distributed.broadcast``
 of rank 0's SIGTERM flag (``_TrainingEpochLoop._broadcast_sigterm_tensor``) so that every
@@ -10,21 +10,21 @@ the servers' last backward and optimizer step.
 :class:`AsyncSigtermBroadcast` replaces the method on rank 0's loop: it posts the same
 broadcast (``async_op=True``) and waits for the one of the step before, which the other
 ranks received before they served that step. The other ranks keep Lightning's method and
-wait in it as before, where they would wait for the client's first message anyway. Every
-rank still runs one broadcast per step and one ``barrier`` before ``SIGTERMException``, so
-the broadcasts Lightning's SIGTERM handler adds pair up as they do without the pipeline.
+wait in it as before, where they would wait for the client's first message anyway.
 
-Lightning's SIGTERM handler broadcasts too, from inside the signal handler, on whichever
-rank receives the signal. A pipeline rank spends its time in blocking waits for its peers,
-where Python runs no signal handler, so that broadcast waits for a peer that waits for it
-(until the timeout, with or without this class). :func:`quiet_sigterm_handler` makes the
-handler only record the signal and pass it on to the launcher's other ranks, as Lightning's
-does; the per-step broadcast carries rank 0's flag, and each rank also stops after the step
-in which it received the signal (Lightning's own check at the end of every batch).
+SIGTERM (a cluster preempting the job): Lightning's handler broadcasts from inside the
+signal handler, on whichever rank receives the signal, and a pipeline rank blocked in a wait
+for its peer runs no Python handler until the wait ends, so that broadcast hung until the
+timeout. Lightning also stops each rank on its own after the batch in which the signal came,
+and without a barrier between steps the client may be a batch ahead of the servers.
+:func:`quiet_sigterm_handler` makes the handler pass the signal on to the launcher's other
+ranks (as Lightning's does) and record it only where the per-step broadcast reads it (rank 0):
+rank 0 broadcasts 1 at the start of its next training batch, and every rank stops there, on
+the same step.
 
 Lightning offers no hook for either: the methods are replaced on the instances (before
-Lightning registers its handlers, which happens after ``Strategy.setup``) and the loop's is
-given back by :meth:`AsyncSigtermBroadcast.uninstall`.
+Lightning registers its signal handlers, which it does after ``Strategy.setup``), and the
+loop's is given back by :meth:`AsyncSigtermBroadcast.uninstall`.
 """
 
 from __future__ import annotations
@@ -32,28 +32,38 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-__all__ = ["AsyncSigtermBroadcast", "quiet_sigterm_handler"]
+__all__ = ["AsyncSigtermBroadcast", "quiet_sigterm_handler", "has_step_broadcast"]
 
 _METHOD = "_broadcast_sigterm_tensor"
 log = logging.getLogger(__name__)
 
 
-def quiet_sigterm_handler(trainer: Any) -> None:
-    """Make ``trainer``'s SIGTERM handler record the signal and pass it to the other local
-    ranks without a collective (Lightning's broadcasts from inside the handler)."""
+def has_step_broadcast(trainer: Any) -> bool:
+    """Whether this Lightning starts every training batch with rank 0's SIGTERM broadcast."""
+    return callable(getattr(type(trainer.fit_loop.epoch_loop), _METHOD, None))
+
+
+def quiet_sigterm_handler(trainer: Any, record: Optional[Callable[[], None]]) -> None:
+    """Make ``trainer``'s SIGTERM handler pass the signal to the launcher's other ranks and call
+    ``record`` (``None``: nothing to record, rank 0 decides), without a collective."""
     connector = trainer._signal_connector
+    forwarded = False
 
     def notify(signum: int, frame: Any) -> None:
-        log.info("rank %d: received SIGTERM (%d); stopping at the end of this training batch", trainer.global_rank, signum)
-        if not connector.received_sigterm and trainer.strategy.launcher is not None:
+        nonlocal forwarded
+        log.info("rank %d: received SIGTERM (%d); every rank stops before rank 0's next training batch",
+                 trainer.global_rank, signum)
+        if not forwarded and trainer.strategy.launcher is not None:
             trainer.strategy.launcher.kill(signum)
-        connector.received_sigterm = True
+        forwarded = True
+        if record is not None:
+            record()
 
     if callable(getattr(connector, "_sigterm_notifier_fn", None)):
         connector._sigterm_notifier_fn = notify
@@ -64,14 +74,17 @@ class AsyncSigtermBroadcast:
 
     def __init__(self, trainer: Any, device: torch.device, timeout: timedelta) -> None:
         self.trainer, self.device, self.timeout = trainer, device, timeout
+        self.received = False  # SIGTERM came (:meth:`record`): the next training batch stops every rank
         self._pending: Optional[tuple[Any, torch.Tensor]] = None  # the last broadcast and its tensor
+
+    def record(self) -> None:
+        self.received = True
 
     def install(self) -> bool:
         """Take over the epoch loop's broadcast; False where Lightning has none (older versions)."""
-        loop = self.trainer.fit_loop.epoch_loop
-        if not callable(getattr(type(loop), _METHOD, None)):
+        if not has_step_broadcast(self.trainer):
             return False
-        setattr(loop, _METHOD, self)
+        setattr(self.trainer.fit_loop.epoch_loop, _METHOD, self)
         return True
 
     def uninstall(self, wait: bool = True) -> None:
@@ -88,11 +101,10 @@ class AsyncSigtermBroadcast:
             pending[0].wait(self.timeout)
 
     def __call__(self) -> None:
-        received = bool(getattr(self.trainer, "received_sigterm", False))
-        flag = torch.tensor([int(received)], device=self.device)
+        flag = torch.tensor([int(self.received)], device=self.device)
         self.finish()  # the step before's: done since the other ranks began that step
         self._pending = (dist.broadcast(flag, src=0, async_op=True), flag)
-        if received:  # as Lightning does on every rank: agree, then stop
+        if self.received:  # as Lightning does on every rank: agree, then stop
             self.finish()
             with contextlib.suppress(Exception):
                 dist.barrier()

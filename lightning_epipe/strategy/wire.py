@@ -63,6 +63,7 @@ class Flag(enum.IntFlag):
     NONFINITE = 8  # the sender found NaN/Inf here; no payload
     RESIZE = 16  # a notice: this message's frame has another size than the last one of its key; the frame follows
     LAYOUT = 32  # an input's first message: the JSON layout of its tensors (sent when it changes), tensors follow
+    WHOLE_BATCH = 64  # raw inputs: the message holds the whole batch; the receiver splits it into the step's micro-batches
 
 
 class StepFlag(enum.IntFlag):

@@ -2,8 +2,9 @@
 
 ``monitored_run.py`` trains 4 steps of 2 micro-batches of 16 rows (3 batches an epoch, so
 the run crosses an epoch boundary) and logs every 2 steps to a CSVLogger. Each message on a
-link is the transport header plus the codec packet of one [16, width] float32 tensor (the
-size notices that announce a frame of a new size are protocol overhead, not counted).
+link is the transport header plus the codec packet of one [16, width] float32 tensor, or of
+the whole [32, width] batch of raw inputs (the size notices that announce a frame of a new
+size are protocol overhead, not counted).
 """
 
 from __future__ import annotations
@@ -41,19 +42,22 @@ LINKS = {
 }
 
 
-def message_bytes(codec: str, columns: int) -> int:
+def message_bytes(codec: str, columns: int, rows: int = ROWS) -> int:
     kwargs = {"bits": 8} if codec == "sortquant" else {}
-    return HEADER_LEN * 8 + get_compressor(codec, **kwargs).encode(torch.randn(ROWS, columns)).nbytes
+    return HEADER_LEN * 8 + get_compressor(codec, **kwargs).encode(torch.randn(rows, columns)).nbytes
 
 
 # the raw inputs' first message says their layout (JSON); it is sent again only if the layout changes
 LAYOUT_BYTES = HEADER_LEN * 8 + len(json.dumps({"type": "tensor", "count": 1}).encode())
 
 
-def link_bytes(label: str, codec: str, columns: int) -> tuple[int, int]:
-    """(bytes, messages) that one micro-batch puts on ``label``, and the bytes its first step adds."""
-    once = LAYOUT_BYTES if label.startswith("input") else 0
-    return message_bytes(codec, columns), once
+def step_traffic(label: str, codec: str, columns: int) -> tuple[int, int, int]:
+    """(bytes, messages) one step puts on ``label``, and the bytes its first step adds: raw inputs
+    this small cross as the whole batch (one message a step, led once by their layout); every
+    other link carries one message per micro-batch."""
+    if label.startswith("input"):
+        return message_bytes(codec, columns, BATCH), 1, LAYOUT_BYTES
+    return message_bytes(codec, columns) * CHUNKS, CHUNKS, 0
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +89,16 @@ def test_logged_bytes_are_header_plus_packet_per_message(runs, placement):
     epoch_batches = [3, 1]
     assert [r["step"] for r in run["steps"]] == [1, 3] and [r["epoch"] for r in run["epochs"]] == [0, 1]
     for label, (codec, columns) in LINKS[placement].items():
-        size, once = link_bytes(label, codec, columns)
+        size, messages, once = step_traffic(label, codec, columns)
         forward = not label.startswith("gradient")
         for row, batches, first in zip(run["steps"], step_batches, [True, False]):
-            assert row[f"epipe/bytes/{label}"] == size * CHUNKS * batches + first * once, label
+            assert row[f"epipe/bytes/{label}"] == size * batches + first * once, label
         for row, batches, val, first in zip(run["epochs"], epoch_batches, [validation, False], [True, False]):
-            assert row[f"epipe_epoch/bytes/{label}"] == size * CHUNKS * (batches + (val and forward)) + first * once, label
+            assert row[f"epipe_epoch/bytes/{label}"] == size * (batches + (val and forward)) + first * once, label
         link = run["summary"]["links"][label]
-        microbatches = CHUNKS * (STEPS + (validation and forward))
-        assert link["messages"] == microbatches + bool(once), label
-        assert link["bytes_sent"] == link["bytes_received"] == size * microbatches + once, label  # both ends
+        steps = STEPS + (validation and forward)
+        assert link["messages"] == messages * steps + bool(once), label
+        assert link["bytes_sent"] == link["bytes_received"] == size * steps + once, label  # both ends
 
 
 @pytest.mark.parametrize("placement", list(RUNS))
@@ -124,7 +128,7 @@ def test_ratio_is_slightly_above_one_without_compression_and_near_a_quarter_with
     assert run["summary"]["ratio"] == pytest.approx(overall)
     assert runs["chain"]["summary"]["links"]["input/0->1"]["codec"] == "raw"
     chain = runs["chain"]["summary"]
-    assert 1.0 < chain["links"]["input/0->1"]["ratio"] < 1.2  # headers + layout on 4x32 floats
+    assert 1.0 < chain["links"]["input/0->1"]["ratio"] < 1.2  # headers + layout on 32x32 floats
     assert 0.25 <= chain["ratio_activation"] <= 0.3 and 0.25 <= chain["ratio_gradient"] <= 0.3
     every_byte = sum(link["bytes_sent"] for link in chain["links"].values())
     assert chain["ratio"] == pytest.approx(every_byte / sum(link["raw_bytes"] for link in chain["links"].values()))

@@ -142,14 +142,19 @@ class InjectFault(L.Callback):
 
             transport.Transport.send = send
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # SIGTERM, as a cluster preempting the job sends it, when the client has ended a step that the
+        # servers may still be finishing (nothing lines the ranks up between steps); Lightning's
+        # launcher passes it on to the other ranks
+        if self.kind == "sigterm" and trainer.global_rank == self.rank and trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             if self.kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.kind == "stall":
                 time.sleep(3600)
-            if self.kind == "sigterm":  # as a cluster preempting the job would; Lightning forwards it to the other ranks
-                os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """The chain placement's raw inputs on the in-memory fabric: their layout (tensor, tuple, dict)
-travels in a leading message only when it changes, and every structure arrives intact."""
+travels in a leading message only when it changes, small batches travel whole (split on the
+first stage) and larger ones micro-batch by micro-batch, and every structure arrives intact."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import threading
 from datetime import timedelta
 
+import pytest
 import torch
 from torch import nn
 
@@ -37,7 +39,14 @@ def make_layers() -> nn.Sequential:
     return nn.Sequential(Merge(), nn.Linear(4, 4), nn.Linear(4, 2))
 
 
-def test_input_layouts_change_between_steps_and_arrive_intact():
+# 5 steps of 2 micro-batches: tensor, tensor, tuple, tuple, dict; a LAYOUT message leads each change.
+# Streamed: one message per tensor of each micro-batch; whole: one per tensor of the batch.
+STREAMED = 3 + 2 + 5 + 4 + 5
+WHOLE = 2 + 1 + 3 + 2 + 3
+
+
+@pytest.mark.parametrize("whole_input_bytes, messages", [(0, STREAMED), (None, WHOLE)], ids=["streamed", "whole-batch"])
+def test_input_layouts_change_between_steps_and_arrive_intact(whole_input_bytes, messages):
     g = torch.Generator().manual_seed(1)
     a, b = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
     batches = [a, b, (a, b), (b, a), {"x": a, "y": b}]
@@ -50,6 +59,8 @@ def test_input_layouts_change_between_steps_and_arrive_intact():
                               backend=fabric.backend(rank))
         codecs = CodecBook(resolve_specs("none", {}, plan.num_cuts, "a"), resolve_specs("none", {}, plan.num_cuts, "g"))
         runtimes[rank] = PipelineRuntime(plan, rank, make_layers(), transport, codecs, PipelineStats())
+        if whole_input_bytes is not None:
+            runtimes[rank].whole_input_bytes = whole_input_bytes
 
     def client():
         runtime = runtimes[0]
@@ -84,6 +95,5 @@ def test_input_layouts_change_between_steps_and_arrive_intact():
     with torch.no_grad():
         for batch, got in zip(batches, outputs):
             torch.testing.assert_close(got, reference(batch))
-    # 2 micro-batches a step: tensor (layout + 2), tensor (2), tuple (layout + 4), tuple (4), dict (layout + 4)
-    sent = runtimes[0].stats.link(LinkKey("send", 1, "input")).messages
-    assert sent == 3 + 2 + 5 + 4 + 5
+    assert runtimes[0].stats.link(LinkKey("send", 1, "input")).messages == messages
+    assert runtimes[1].stats.link(LinkKey("recv", 0, "input")).messages == messages

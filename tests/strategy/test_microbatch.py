@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_epipe.strategy.microbatch import batch_size, flatten, gather, scatter, unflatten
+from lightning_epipe.strategy.microbatch import batch_size, flatten, gather, join, scatter, unflatten
 
 
 def test_scatter_tensor_sizes_differ_by_at_most_one():
@@ -46,3 +46,22 @@ def test_flatten_round_trip_and_errors():
     assert unflatten(*flatten((t, t))) == (t, t)
     with pytest.raises(TypeError, match="Tensor or a tuple of Tensors"):
         flatten({"x": t})
+
+
+@pytest.mark.parametrize("rows, chunks", [(10, 4), (7, 8), (256, 8)])
+def test_join_undoes_scatter_and_scatter_of_the_join_splits_the_same(rows, chunks):
+    """The first stage splits a whole-batch input with scatter(batch, m): the client's micro-batches."""
+    x = torch.arange(rows * 3).reshape(rows, 3)
+    for batch in (x, (x, x * 2), {"ids": x, "mask": x > 4}):
+        parts = scatter(batch, chunks)
+        whole = join(parts)
+        again = scatter(whole, len(parts))
+        assert type(whole) is type(batch) and len(again) == len(parts)
+        for a, b in zip(again, parts):
+            assert all(torch.equal(u, v) for u, v in zip(_tensors_of(a), _tensors_of(b)))
+
+
+def _tensors_of(batch):
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    return list(batch.values()) if isinstance(batch, dict) else list(batch)
