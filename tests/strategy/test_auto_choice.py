@@ -303,3 +303,15 @@ def test_a_lower_bound_retunes_only_by_rising_beyond_the_tolerance():
     assert needs_retune(100 * MB, 160 * MB, lower_bound=True)
     assert not needs_retune(math.inf, 1e12, lower_bound=True)
     assert needs_retune(100 * MB, 10 * MB)  # a saturated measurement does go down
+
+
+def test_a_lossy_codec_must_beat_none_by_the_margin():
+    """Within LOSSY_MARGIN of none's time a lossy codec buys error for timer noise: none stays."""
+    from lightning_epipe.strategy.auto_choice import LOSSY_MARGIN
+
+    none = prof("none", 1.0, 0.0, 1e-3, 1e-3)
+    close = prof("fp16", 1.0, 1e-4, (1 - LOSSY_MARGIN / 2) * 1e-3, (1 - LOSSY_MARGIN / 2) * 1e-3)
+    clear = prof("fp16", 1.0, 1e-4, (1 - 2 * LOSSY_MARGIN) * 1e-3, (1 - 2 * LOSSY_MARGIN) * 1e-3)
+    unlimited = float("inf")
+    assert choose_codec([none, close], RAW, unlimited, 0.02, 0, "activation").label == "none"
+    assert choose_codec([none, clear], RAW, unlimited, 0.02, 0, "activation").label == "fp16"
