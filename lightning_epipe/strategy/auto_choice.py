@@ -195,8 +195,9 @@ def choose_codec(profiles: Sequence[CodecProfile], raw_nbytes: int, bandwidth: f
     Among the profiles with ``error <= error_budget``, the least
     :func:`predicted_seconds` (transfers hidden behind ``hidden_s``); predicted times equal
     within ``TIE_RTOL`` go to the lower error, then to the earlier profile; a lossy codec
-    must beat ``none`` by ``LOSSY_MARGIN``. ``none`` (error 0) is always eligible; the baseline is its predicted time, or the uncompressed transfer
-    beyond ``hidden_s`` when no ``none`` profile is given.
+    must beat ``none`` by ``LOSSY_MARGIN``. ``none`` (error 0) is always eligible; the
+    baseline is its predicted time, or the uncompressed transfer beyond ``hidden_s`` when no
+    ``none`` profile is given.
 
     Raises ValueError for no profiles, a negative or NaN budget, a bad cut, direction,
     size or bandwidth, and when no profile is within the budget (give a ``none`` one).
