@@ -13,12 +13,13 @@ from typing import Any, Union
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "batch_size", "scatter", "join", "gather", "flatten", "unflatten"]
+__all__ = ["Batch", "tensors_of", "batch_size", "scatter", "join", "gather", "flatten", "unflatten"]
 
 Batch = Union[Tensor, tuple, list, dict]
 
 
-def _tensors(batch: Batch) -> list[Tensor]:
+def tensors_of(batch: Batch) -> list[Tensor]:
+    """A batch's tensors in order (a dict's in key order); raises on anything else."""
     if isinstance(batch, Tensor):
         return [batch]
     if isinstance(batch, dict):
@@ -38,7 +39,7 @@ def _tensors(batch: Batch) -> list[Tensor]:
 
 def batch_size(batch: Batch) -> int:
     """Rows along dim 0 shared by every tensor of ``batch``."""
-    sizes = {t.shape[0] if t.dim() else None for t in _tensors(batch)}
+    sizes = {t.shape[0] if t.dim() else None for t in tensors_of(batch)}
     if len(sizes) != 1 or None in sizes:
         raise ValueError(f"all tensors of a pipeline input must share dim 0 to be split into micro-batches, got {sizes}")
     return sizes.pop()

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from lightning_epipe.compressors import BottleneckPair, Compressor, Packet, PacketError
 from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.codecs import CodecBook
-from lightning_epipe.strategy.microbatch import Batch, flatten, join, scatter, unflatten
+from lightning_epipe.strategy.microbatch import Batch, flatten, join, scatter, tensors_of, unflatten
 from lightning_epipe.strategy.partition import PipelinePlan
 from lightning_epipe.strategy.schedule import rank_tasks, rank_tasks_1f1b, recomputes
 from lightning_epipe.strategy.stats import LinkKey, PipelineStats
@@ -282,7 +282,7 @@ class PipelineRuntime:
         once when it is small (``whole_input_bytes``), else micro-batch by micro-batch."""
         if self.rank != 0 or self.plan.input_rank == 0:
             return
-        nbytes = sum(t.numel() * t.element_size() for mb in microbatches for t in _input_tensors(mb))
+        nbytes = sum(t.numel() * t.element_size() for mb in microbatches for t in tensors_of(mb))
         if len(microbatches) > 1 and nbytes <= self.whole_input_bytes:
             self._send_input(join(microbatches), 0, Flag.WHOLE_BATCH)
             return
@@ -501,7 +501,7 @@ class PipelineRuntime:
         with ``WHOLE_BATCH`` in ``flags``): one message per tensor, led by a ``LAYOUT`` message (its
         structure as JSON) only when the structure changed."""
         peer = self.plan.input_rank
-        tensors = _input_tensors(mb)
+        tensors = tensors_of(mb)
         if isinstance(mb, Tensor):
             layout = {"type": "tensor", "count": 1}
         elif isinstance(mb, dict):
@@ -555,13 +555,6 @@ class PipelineRuntime:
             raise WireError(f"{self.transport.link(0, False)}: {what}: a whole batch of {len(self._whole_inputs)} rows"
                             f" for {self.num_microbatches} micro-batches")
         return self._whole_inputs[i]
-
-
-def _input_tensors(batch: Batch) -> list[Tensor]:
-    """A raw input's tensors in message order."""
-    if isinstance(batch, Tensor):
-        return [batch]
-    return list(batch.values()) if isinstance(batch, dict) else list(batch)
 
 
 def _input_batch(layout: dict, tensors: list[Tensor]) -> Batch:

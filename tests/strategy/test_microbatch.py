@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_epipe.strategy.microbatch import batch_size, flatten, gather, join, scatter, unflatten
+from lightning_epipe.strategy.microbatch import batch_size, flatten, gather, join, scatter, tensors_of, unflatten
 
 
 def test_scatter_tensor_sizes_differ_by_at_most_one():
@@ -58,10 +58,4 @@ def test_join_undoes_scatter_and_scatter_of_the_join_splits_the_same(rows, chunk
         again = scatter(whole, len(parts))
         assert type(whole) is type(batch) and len(again) == len(parts)
         for a, b in zip(again, parts):
-            assert all(torch.equal(u, v) for u, v in zip(_tensors_of(a), _tensors_of(b)))
-
-
-def _tensors_of(batch):
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    return list(batch.values()) if isinstance(batch, dict) else list(batch)
+            assert all(torch.equal(u, v) for u, v in zip(tensors_of(a), tensors_of(b)))
