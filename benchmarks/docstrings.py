@@ -33,16 +33,34 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import ROOT, fmt, free_port, markdown_table, write_json  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, fmt, free_port, markdown_table, write_json  # noqa: E402
 
+#: Training runs: label -> ``EPipeStrategy`` keyword arguments.
 CODECS = {
     "none": {"compressor": "none"},
+    "fp16": {"compressor": "fp16"},
     "sortquant-8": {"compressor": "sortquant", "bits": 8},
     "sortquant-4": {"compressor": "sortquant", "bits": 4},
+    "sortquant-4-1:1": {"compressor": "sortquant", "bits": 4, "compressor_kwargs": {"split": 2}},
+    "quantize-8": {"compressor": "quantize", "bits": 8},
     "quantize-4": {"compressor": "quantize", "bits": 4},
     "lloydmax-4": {"compressor": "lloydmax", "bits": 4},
+    "lloydmax-3": {"compressor": "lloydmax", "bits": 3},
+    "lloydmax-2": {"compressor": "lloydmax", "bits": 2},
     "hadamard-4": {"compressor": "hadamard", "bits": 4},
+    "hadamard-3": {"compressor": "hadamard", "bits": 3},
+    "topk-10%": {"compressor": "topk", "compressor_kwargs": {"fraction": 0.1}},
+    "powersgd-r8": {"compressor": "powersgd", "compressor_kwargs": {"rank": 8}},
+    "sortquant-4+EF": {"compressor": "sortquant", "bits": 4, "error_feedback": True},
+    "delta+sortquant-4": {"compressor": "sortquant", "bits": 4, "delta_compression": True},
+    "bottleneck-0.1+sortquant-8": {"compressor": "bottleneck",
+                                   "compressor_kwargs": {"ratio": 0.1, "wire": "sortquant", "bits": 8}},
+    "bottleneck-0.25+hadamard-4": {"compressor": "bottleneck",
+                                   "compressor_kwargs": {"ratio": 0.25, "wire": "hadamard", "bits": 4}},
 }
+#: Codecs of the error table (plain codecs only: a bottleneck must be trained).
+ERROR_CODECS = ("none", "sortquant-8", "sortquant-4", "sortquant-4-1:1", "quantize-8", "quantize-4",
+                "lloydmax-4", "lloydmax-3", "hadamard-4", "hadamard-3")
 
 
 def errors(samples: int = 64, max_length: int = 64) -> dict:
@@ -66,8 +84,10 @@ def errors(samples: int = 64, max_length: int = 64) -> dict:
     for layer, x in enumerate(states):
         z = (x - x.mean()) / x.std()
         row = {"kurtosis": float(z.pow(4).mean()), "max_abs_z": float(z.abs().max()), "codecs": {}}
-        for label, spec in CODECS.items():
-            codec = get_compressor(spec["compressor"], **({"bits": spec["bits"]} if "bits" in spec else {}))
+        for label in ERROR_CODECS:
+            spec = CODECS[label]
+            kwargs = {**spec.get("compressor_kwargs", {}), **({"bits": spec["bits"]} if "bits" in spec else {})}
+            codec = get_compressor(spec["compressor"], **kwargs)
             y = codec.decode(codec.encode(x))
             row["codecs"][label] = {"rel_err": float((y - x).norm() / x.norm()), "ratio": codec.ratio(x)}
         out[str(layer)] = row
@@ -90,6 +110,9 @@ def worker(cfg: dict) -> None:
     L.seed_everything(cfg["seed"], verbose=False)
     data = DocstringsDataModule(per_class=cfg["per_class"], max_length=cfg["max_length"], batch_size=cfg["batch"])
     model = MiniLMClassifier(num_classes=data.num_classes, lr=cfg["lr"])
+    if cfg["codec"]["compressor"] == "bottleneck":  # sized and PCA-started on real training docstrings
+        data.setup("fit")
+        model.example_input_array = next(iter(data.train_dataloader()))[0]
     strategy = EPipeStrategy(chunks=4, placement="client-server", balance=[2, 4, 2],
                              timeout=timedelta(seconds=600), **cfg["codec"])
     monitor = EPipeMonitor(prog_bar=False)
@@ -129,9 +152,10 @@ def train(label: str, cfg: dict, timeout: float) -> dict:
 
 
 def error_table(errs: dict) -> str:
-    header = ["after", "kurtosis", "max |z|", *CODECS]
+    codecs = list(next(iter(errs.values()))["codecs"])
+    header = ["after", "kurtosis", "max |z|", *codecs]
     rows = [["embeddings" if layer == "0" else f"layer {layer}", fmt(r["kurtosis"], ".1f"), fmt(r["max_abs_z"], ".1f"),
-             *(f"{r['codecs'][c]['rel_err']:.3f} ({r['codecs'][c]['ratio']:.3f})" for c in CODECS)]
+             *(f"{r['codecs'][c]['rel_err']:.3f} ({r['codecs'][c]['ratio']:.3f})" for c in codecs)]
             for layer, r in errs.items()]
     return markdown_table(header, rows)
 
@@ -167,6 +191,18 @@ def train_table(summary: dict) -> str:
                            "MCC spread", "MCC vs none", "wire ratio", "failed seeds"], rows)
 
 
+def previous_runs(name: str, train_config: dict) -> dict:
+    """The runs already in ``benchmarks/results/<name>``; they must share ``train_config``."""
+    path = RESULTS / name
+    if not path.exists():
+        return {}
+    previous = json.loads(path.read_text())
+    if previous.get("train_config") != train_config:
+        raise SystemExit(f"--append: {path} was trained with {previous.get('train_config')}, this run with "
+                         f"{train_config}; give the same options or another --out")
+    return previous.get("runs", {})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -179,6 +215,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--out", default="docstrings.json")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the other codecs' runs already in --out (same training configuration)")
     args = parser.parse_args()
     if args.worker:
         return worker(json.loads(args.worker))
@@ -189,9 +227,12 @@ def main() -> None:
     if not args.errors_only:
         cfg = dict(epochs=args.epochs, per_class=args.per_class, max_length=args.max_length, batch=32, lr=args.lr)
         result["train_config"] = {**cfg, "seeds": args.seeds}
-        runs = result["runs"] = {label: {} for label in args.only or CODECS}
+        labels = args.only or list(CODECS)
+        result["runs"] = previous_runs(args.out, result["train_config"]) if args.append else {}
+        runs = result["runs"]
+        runs.update({label: {} for label in labels})
         for seed in args.seeds:  # seeds outermost: every codec gets the same machine conditions
-            for label in runs:
+            for label in labels:
                 runs[label][str(seed)] = train(label, {**cfg, "seed": seed}, args.timeout)
                 print(label, seed, {k: v for k, v in runs[label][str(seed)].items() if k != "log"}, flush=True)
                 result["summary"] = seed_summary(runs)
