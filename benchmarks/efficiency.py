@@ -6,7 +6,7 @@
 The balanced MLP, uncompressed, chain placement (K = processes = stages). Efficiency measured
 = samples/s of the pipeline / (K x samples/s of the whole model in one process on the whole
 batch), both with one torch thread per process: 1.0 would be a perfect K-fold speed-up.
-The ideal is ``lightning_epipe.strategy.schedule.ideal_efficiency(m, K)``. "busy" is the
+The ideal is ``lightning_epipe.strategy.engine.schedule.ideal_efficiency(m, K)``. "busy" is the
 monitor's own 1 - bubble (compute time over wall time, averaged over ranks). The same
 schedule in ``torch.distributed.pipelining`` is measured next to it. With more processes
 than cores (3 on this 2-core machine) the measured efficiency cannot exceed cores/K.
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import axes, finish, fmt, markdown_table, run, write_json  # noqa: E402
-from lightning_epipe.strategy.schedule import ideal_efficiency  # noqa: E402
+from lightning_epipe.strategy.engine.schedule import ideal_efficiency  # noqa: E402
 
 
 def measure(base: dict, devices: list[int], chunks: list[int]) -> tuple[dict, list[dict]]:

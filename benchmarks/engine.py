@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     axes, finish, fmt, load_average, markdown_table, netns_available, run, slow_loopback, write_json,
 )
-from lightning_epipe.strategy.schedule import ideal_efficiency  # noqa: E402
+from lightning_epipe.strategy.engine.schedule import ideal_efficiency  # noqa: E402
 
 SPLITS = {2: [5, 3], 3: [3, 3, 2]}
 BATCH = 256

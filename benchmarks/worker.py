@@ -205,7 +205,7 @@ def run_pipelining(cfg: dict) -> dict | None:
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from lightning_epipe.strategy.balance import balance_by_parameters
+    from lightning_epipe.strategy.planning.layer_costs import balance_by_parameters
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=cfg.get("timeout", 300)))

@@ -2,7 +2,7 @@
 
 Every rank derives the same layout from the plan: for each link of
 :func:`~lightning_epipe.callbacks.meter.pipeline_links`, the sender's and the receiver's
-:class:`~lightning_epipe.strategy.stats.LinkCounter` (5 numbers each), then compute seconds
+:class:`~lightning_epipe.strategy.engine.stats.LinkCounter` (5 numbers each), then compute seconds
 per stage, then wait seconds, steps, samples and the delta caches' bytes. A rank fills what it counted and leaves
 the rest zero; ``torch.distributed.gather`` brings the rows to rank 0. Nothing is pickled.
 Byte counts stay exact in float64 up to 2**53 (9 PB).
@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_epipe.callbacks.meter import PipelineLink
-from lightning_epipe.strategy.partition import PipelinePlan
-from lightning_epipe.strategy.stats import LinkCounter, PipelineStats
+from lightning_epipe.strategy.planning.partition import PipelinePlan
+from lightning_epipe.strategy.engine.stats import LinkCounter, PipelineStats
 
 __all__ = ["row_length", "pack_stats", "unpack_stats", "gather_stats"]
 

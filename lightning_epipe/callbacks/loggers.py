@@ -18,8 +18,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from lightning.pytorch.loggers import Logger, WandbLogger
 
-from lightning_epipe.strategy.auto_choice import LinkChoice
-from lightning_epipe.strategy.partition import PipelinePlan
+from lightning_epipe.strategy.compression.auto_choice import LinkChoice
+from lightning_epipe.strategy.planning.partition import PipelinePlan
 
 __all__ = ["LINK_COLUMNS", "AUTO_COLUMNS", "pipeline_config", "link_rows", "log_pipeline_config", "define_wandb_axes",
            "log_link_table", "auto_metrics", "auto_rows", "log_auto_table"]
@@ -94,7 +94,7 @@ def auto_metrics(decisions: Iterable[tuple[int, LinkChoice]]) -> dict[str, float
     was chosen for (left out when unlimited: loggers take finite numbers).
 
     Example:
-        >>> from lightning_epipe.strategy.auto_choice import LinkChoice
+        >>> from lightning_epipe.strategy.compression.auto_choice import LinkChoice
         >>> c = LinkChoice(0, "activation", "fp16", "fp16", {}, 1e-3, 2e-3, 1e-4, "why", ratio=0.5, bandwidth=2.5e6)
         >>> auto_metrics([(1, c)])
         {'auto/activation/cut0': 0.5, 'auto/activation/cut0/bandwidth': 2500000.0}

@@ -1,6 +1,6 @@
 """What the pipeline moved and how fast, as plain numbers: no Trainer, no process group.
 
-:class:`PipelineMeter` turns cumulative :class:`~lightning_epipe.strategy.stats.PipelineStats`
+:class:`PipelineMeter` turns cumulative :class:`~lightning_epipe.strategy.engine.stats.PipelineStats`
 of every rank into metrics over a window (the pattern of Lightning's ``Throughput`` under
 ``ThroughputMonitor``): :class:`~lightning_epipe.callbacks.EPipeMonitor` feeds it, tests feed
 it by hand. Definitions (the report's):
@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from lightning_epipe.strategy.partition import PipelinePlan
-from lightning_epipe.strategy.stats import LinkCounter, LinkKey, PipelineStats
+from lightning_epipe.strategy.planning.partition import PipelinePlan
+from lightning_epipe.strategy.engine.stats import LinkCounter, LinkKey, PipelineStats
 
 __all__ = ["PipelineLink", "pipeline_links", "Measurement", "PipelineMeter", "Stopwatch", "stats_delta", "format_summary"]
 

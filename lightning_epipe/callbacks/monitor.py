@@ -28,7 +28,7 @@ from lightning_epipe.callbacks.loggers import (
 )
 from lightning_epipe.callbacks.meter import Measurement, PipelineMeter, Stopwatch, format_summary, stats_delta
 from lightning_epipe.strategy.epipe import EPipeStrategy
-from lightning_epipe.strategy.stats import PipelineStats
+from lightning_epipe.strategy.engine.stats import PipelineStats
 
 __all__ = ["EPipeMonitor"]
 

@@ -2,7 +2,7 @@
 
 ``profile_codecs(x)`` runs every candidate codec on a sample tensor ``x`` (any shape, e.g. a
 [batch, features] activation of one cut) and returns one :class:`CodecProfile` per codec
-that accepts it. ``lightning_epipe.strategy.auto_choice`` turns these numbers and a measured
+that accepts it. ``lightning_epipe.strategy.compression.auto_choice`` turns these numbers and a measured
 link bandwidth into a choice of codec per cut and direction.
 
     >>> x = torch.relu(torch.randn(64, 256))

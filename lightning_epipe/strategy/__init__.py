@@ -1,13 +1,13 @@
 """The pipeline strategy and the pure pieces it is built from."""
 
-from lightning_epipe.strategy.balance import balance_by_parameters, balance_by_time
+from lightning_epipe.strategy.planning.layer_costs import balance_by_parameters, balance_by_time
 from lightning_epipe.strategy.epipe import EPipeStrategy
-from lightning_epipe.strategy.partition import PipelinePlan, plan_pipeline
-from lightning_epipe.strategy.runtime import NonFiniteActivation
-from lightning_epipe.strategy.schedule import clock_cycles, rank_tasks
-from lightning_epipe.strategy.stats import LinkCounter, LinkKey, PipelineStats
-from lightning_epipe.strategy.transport import PeerError
-from lightning_epipe.strategy.wire import WireError
+from lightning_epipe.strategy.planning.partition import PipelinePlan, plan_pipeline
+from lightning_epipe.strategy.engine.runtime import NonFiniteActivation
+from lightning_epipe.strategy.engine.schedule import clock_cycles, rank_tasks
+from lightning_epipe.strategy.engine.stats import LinkCounter, LinkKey, PipelineStats
+from lightning_epipe.strategy.comm.transport import PeerError
+from lightning_epipe.strategy.comm.wire import WireError
 
 __all__ = [
     "EPipeStrategy",

@@ -3,7 +3,7 @@
 Every rank owns some layers (the others are meta tensors there) and the optimizer state of
 their parameters, plus state of its own: codec streams (error feedback, delta caches), its
 RNG, the bottlenecks' halves. Saving gathers all of it on rank 0 through the control
-stream (:func:`~lightning_epipe.strategy.collectives.gather_tensors`, no pickle); the
+stream (:func:`~lightning_epipe.strategy.comm.collectives.gather_tensors`, no pickle); the
 model's state dict is the plain module's (it loads without the strategy), and the rest goes
 under ``checkpoint["epipe"]``::
 
@@ -24,10 +24,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from lightning_epipe.strategy.bottleneck_layers import ATTRIBUTE as BOTTLENECKS
-from lightning_epipe.strategy.bottleneck_layers import split_bottleneck_state
-from lightning_epipe.strategy.collectives import gather_tensors
-from lightning_epipe.strategy.transport import Transport
+from lightning_epipe.strategy.compression.bottleneck_layers import ATTRIBUTE as BOTTLENECKS
+from lightning_epipe.strategy.compression.bottleneck_layers import split_bottleneck_state
+from lightning_epipe.strategy.comm.collectives import gather_tensors
+from lightning_epipe.strategy.comm.transport import Transport
 
 __all__ = ["flatten_state", "unflatten_state", "owned_state", "gather_model_state", "gather_optimizer_state",
            "load_owned_optimizer_state", "local_extra_state", "extra_state", "rank_resume_state", "restore_rng"]

@@ -12,9 +12,9 @@ from datetime import timedelta
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from lightning_epipe.compressors import Compressor
-from lightning_epipe.strategy.codecs import AUTO_KEYS, CodecBook, DeltaConfig, resolve_specs
-from lightning_epipe.strategy.partition import PLACEMENTS
-from lightning_epipe.strategy.replicas import check_replicas
+from lightning_epipe.strategy.compression.codec_book import AUTO_KEYS, CodecBook, DeltaConfig, resolve_specs
+from lightning_epipe.strategy.planning.partition import PLACEMENTS
+from lightning_epipe.strategy.engine.replicas import check_replicas
 
 __all__ = ["PipelineConfig", "CompressorArg"]
 

@@ -1,15 +1,16 @@
 """EPipeStrategy: pipeline parallelism with compressed cuts, as a Lightning strategy.
 
 Lightning delegation only; the logic lives beside it (``docs/architecture.md`` draws the
-data path): arguments in ``config``, the split in ``planning``, a step's messages in
-``client_step`` and ``runtime`` (client), ``server_loop`` (servers), 1F1B's losses in ``one_f_one_b``,
-checkpoints in ``checkpoint_state``. How a step runs:
+data path): arguments in ``config``, the split in ``planning/``, a step's messages in
+``engine/`` (``client_step`` and ``runtime`` on the client, ``server_loop`` on the servers, 1F1B's
+losses in ``one_f_one_b``) over ``comm/``, codecs per stream in ``compression/``, checkpoints in
+``checkpoint_state``. How a step runs:
 
 - The client (rank 0) runs the user's step. Its ``self.layers(x)`` call is the pipelined
   forward: it tells every server ``FORWARD``, feeds the micro-batches in and returns the
   gathered output of the last stage, so loss and metrics are ordinary code.
 - The servers never run user code: their ``training_step`` follows the client's commands
-  (:func:`~lightning_epipe.strategy.server_loop.serve_step`) and returns a placeholder loss.
+  (:func:`~lightning_epipe.strategy.engine.server_loop.serve_step`) and returns a placeholder loss.
 - ``strategy.backward`` runs after Lightning's ``zero_grad``: the client backpropagates the
   loss through its last stage (each micro-batch's gradient leaves as autograd produces it),
   then every rank drains the backward schedule.
@@ -47,30 +48,30 @@ from typing_extensions import override
 
 from lightning_epipe.compressors import BottleneckPair
 from lightning_epipe.strategy import checkpoint_state as ckpt
-from lightning_epipe.strategy.bottleneck_layers import ensure_optimized, install_bottlenecks
-from lightning_epipe.strategy.clipping import clip_across_stages
-from lightning_epipe.strategy.client_step import ClientStep
-from lightning_epipe.strategy.codecs import CodecBook
-from lightning_epipe.strategy.collectives import broadcast_json, gather_tensors
+from lightning_epipe.strategy.compression.bottleneck_layers import ensure_optimized, install_bottlenecks
+from lightning_epipe.strategy.engine.clipping import clip_across_stages
+from lightning_epipe.strategy.engine.client_step import ClientStep
+from lightning_epipe.strategy.compression.codec_book import CodecBook
+from lightning_epipe.strategy.comm.collectives import broadcast_json, gather_tensors
 from lightning_epipe.strategy.config import CompressorArg, PipelineConfig
-from lightning_epipe.strategy.device_memory import default_cache_limit
+from lightning_epipe.strategy.planning.device_memory import default_cache_limit
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
 from lightning_epipe.strategy.layer_ownership import release_foreign_layers
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync
-from lightning_epipe.strategy.one_f_one_b import GradientStash
-from lightning_epipe.strategy.partition import PipelinePlan, find_pipeline
-from lightning_epipe.strategy.planning import plan_by_time, plan_for
-from lightning_epipe.strategy.replicas import ReplicaLayout, average_gradients
-from lightning_epipe.strategy.runtime import PipelineRuntime
-from lightning_epipe.strategy.sample_ids import SampleIdRecorder
+from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
+from lightning_epipe.strategy.planning.partition import PipelinePlan, find_pipeline
+from lightning_epipe.strategy.planning.plan import plan_by_time, plan_for
+from lightning_epipe.strategy.engine.replicas import ReplicaLayout, average_gradients
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.server_data import ServerBatches
-from lightning_epipe.strategy.server_loop import ServerHooks, StepEnd, serve_step
+from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step
 from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, has_step_broadcast, quiet_sigterm_handler
-from lightning_epipe.strategy.stats import PipelineStats
-from lightning_epipe.strategy.stream_groups import StreamGroups, create_stream_groups
-from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.auto_tuner import AutoTuner
-from lightning_epipe.strategy.wire import Command
+from lightning_epipe.strategy.engine.stats import PipelineStats
+from lightning_epipe.strategy.comm.stream_groups import StreamGroups, create_stream_groups
+from lightning_epipe.strategy.comm.transport import Transport
+from lightning_epipe.strategy.compression.auto_tuner import AutoTuner
+from lightning_epipe.strategy.comm.wire import Command
 
 __all__ = ["EPipeStrategy"]
 

@@ -12,9 +12,9 @@ from typing import Optional
 from torch import Tensor, nn
 
 from lightning_epipe.compressors import BottleneckPair
-from lightning_epipe.strategy.bottleneck_layers import ATTRIBUTE as BOTTLENECKS
-from lightning_epipe.strategy.bottleneck_layers import release_foreign_halves
-from lightning_epipe.strategy.partition import PipelinePlan
+from lightning_epipe.strategy.compression.bottleneck_layers import ATTRIBUTE as BOTTLENECKS
+from lightning_epipe.strategy.compression.bottleneck_layers import release_foreign_halves
+from lightning_epipe.strategy.planning.partition import PipelinePlan
 
 __all__ = ["release_foreign_layers"]
 

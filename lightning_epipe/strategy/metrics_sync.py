@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-from lightning_epipe.strategy.collectives import broadcast_json
+from lightning_epipe.strategy.comm.collectives import broadcast_json
 
 __all__ = ["CallbackMetricsSync"]
 

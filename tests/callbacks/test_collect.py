@@ -8,7 +8,7 @@ import torch
 from lightning_epipe.callbacks.collect import pack_stats, row_length, unpack_stats
 from lightning_epipe.callbacks.meter import pipeline_links
 from lightning_epipe.strategy import plan_pipeline
-from lightning_epipe.strategy.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 
 PLANS = {
     "client-server": plan_pipeline(8, 3, [1, 3, 3, 1]),

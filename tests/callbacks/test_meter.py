@@ -16,7 +16,7 @@ from lightning_epipe.callbacks.meter import (
     stats_delta,
 )
 from lightning_epipe.strategy import plan_pipeline
-from lightning_epipe.strategy.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 
 CLIENT_SERVER = plan_pipeline(4, 2, [1, 2, 1])  # stages on ranks (0, 1, 0): cut 0 is 0->1, cut 1 is 1->0
 

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 from lightning_epipe import EPipeStrategy
 from lightning_epipe.callbacks import EPipeMonitor
 from lightning_epipe.strategy import plan_pipeline
-from lightning_epipe.strategy.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 
 PLAN = plan_pipeline(4, 2, [1, 2, 1])  # ranks (0, 1, 0)
 
@@ -158,8 +158,8 @@ def test_batch_size_fn_overrides_the_strategys_row_count():
 def test_auto_decisions_are_logged_at_their_step_and_as_a_wandb_table():
     from lightning.pytorch.loggers import WandbLogger
 
-    from lightning_epipe.strategy.auto_choice import LinkChoice
-    from lightning_epipe.strategy.auto_tuner import AutoTuner
+    from lightning_epipe.strategy.compression.auto_choice import LinkChoice
+    from lightning_epipe.strategy.compression.auto_tuner import AutoTuner
 
     run = Run(rank=0, log_every=100)
     run.strategy._tuner = AutoTuner()

@@ -21,7 +21,7 @@ import yaml
 from examples.common import wandb_offline
 from lightning_epipe.callbacks.loggers import LINK_COLUMNS
 from lightning_epipe.compressors import get_compressor
-from lightning_epipe.strategy.wire import HEADER_LEN
+from lightning_epipe.strategy.comm.wire import HEADER_LEN
 from tests.callbacks.monitored_run import BATCH, CHUNKS, STEPS
 from tests.helpers import ROOT, run_ranks
 

@@ -117,7 +117,7 @@ class InjectFault(L.Callback):
             owned = trainer.strategy.plan.layers_of(self.rank)
             pl_module.layers[owned[0]].register_forward_hook(hook)
         if self.kind == "corrupt":  # flip a payload byte after the checksum was taken, as a bad link would
-            from lightning_epipe.strategy import transport
+            from lightning_epipe.strategy.comm import transport
 
             original_post = transport.Transport._post
 
@@ -129,7 +129,7 @@ class InjectFault(L.Callback):
 
             transport.Transport._post = post
         if self.kind == "misorder":
-            from lightning_epipe.strategy import transport
+            from lightning_epipe.strategy.comm import transport
 
             original = transport.Transport.send
 

@@ -7,8 +7,8 @@ import math
 import pytest
 
 from lightning_epipe.compressors.profile import CodecProfile
-from lightning_epipe.strategy import auto_choice
-from lightning_epipe.strategy.auto_choice import (
+from lightning_epipe.strategy.compression import auto_choice
+from lightning_epipe.strategy.compression.auto_choice import (
     ACTIVATION_ERROR_BUDGET,
     GRADIENT_ERROR_BUDGET,
     LinkChoice,
@@ -307,7 +307,7 @@ def test_a_lower_bound_retunes_only_by_rising_beyond_the_tolerance():
 
 def test_a_lossy_codec_must_beat_none_by_the_margin():
     """Within LOSSY_MARGIN of none's time a lossy codec buys error for timer noise: none stays."""
-    from lightning_epipe.strategy.auto_choice import LOSSY_MARGIN
+    from lightning_epipe.strategy.compression.auto_choice import LOSSY_MARGIN
 
     none = prof("none", 1.0, 0.0, 1e-3, 1e-3)
     close = prof("fp16", 1.0, 1e-4, (1 - LOSSY_MARGIN / 2) * 1e-3, (1 - LOSSY_MARGIN / 2) * 1e-3)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lightning_epipe.strategy import plan_pipeline
-from lightning_epipe.strategy.codecs import CodecBook, resolve_specs
-from lightning_epipe.strategy.linkrate import Transfer, TransferWindow
-from lightning_epipe.strategy.auto_tuner import AutoTuner, hidden_seconds, messages_per_microbatch
+from lightning_epipe.strategy.compression.codec_book import CodecBook, resolve_specs
+from lightning_epipe.strategy.comm.linkrate import Transfer, TransferWindow
+from lightning_epipe.strategy.compression.auto_tuner import AutoTuner, hidden_seconds, messages_per_microbatch
 
 PLAN = plan_pipeline(4, 2, [1, 2, 1])  # stage ranks (0, 1, 0): rank 0 sends activation/cut0 and gradient/cut1 to rank 1
 CANDIDATES = (("none", {}), ("fp16", {}), ("quantize", {"bits": 8}))
@@ -52,8 +52,8 @@ class World:
 
     def check(self, tuner, step, codecs, rates=None, compute=(0.0, 0)):
         samples = {("activation", 0): torch.randn(64, 256), ("gradient", 1): torch.randn(64, 256)}
-        with mock.patch("lightning_epipe.strategy.auto_tuner.broadcast_json", self.broadcast_json), \
-                mock.patch("lightning_epipe.strategy.collectives.probe_bandwidth", self.probe):
+        with mock.patch("lightning_epipe.strategy.compression.auto_tuner.broadcast_json", self.broadcast_json), \
+                mock.patch("lightning_epipe.strategy.comm.collectives.probe_bandwidth", self.probe):
             return tuner.maybe_retune(step, PLAN, 0, codecs, samples, CPU, 0, rates or {}, compute)
 
 

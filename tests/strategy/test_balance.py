@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from lightning_epipe.compressors import get_compressor
-from lightning_epipe.strategy.balance import balance_by_time, cut_nbytes, layer_memory, measure_layers
+from lightning_epipe.strategy.planning.layer_costs import balance_by_time, cut_nbytes, layer_memory, measure_layers
 
 
 def net():

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from lightning_epipe.strategy.balance_solver import rank_loads, solve_balance
-from lightning_epipe.strategy.partition import num_stages_for, plan_pipeline
+from lightning_epipe.strategy.planning.solver import rank_loads, solve_balance
+from lightning_epipe.strategy.planning.partition import num_stages_for, plan_pipeline
 
 GiB = 2**30
 

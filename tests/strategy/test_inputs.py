@@ -12,16 +12,16 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_epipe.strategy.codecs import CodecBook, resolve_specs
-from lightning_epipe.strategy.memory_backend import MemoryFabric
-from lightning_epipe.strategy.microbatch import scatter
-from lightning_epipe.strategy.partition import plan_pipeline
-from lightning_epipe.strategy.runtime import PipelineRuntime
-from lightning_epipe.strategy.server_loop import ServerHooks, StepEnd, serve_step
-from lightning_epipe.strategy.stats import LinkKey, PipelineStats
-from lightning_epipe.strategy.streams import pipeline_streams
-from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.wire import Command
+from lightning_epipe.strategy.compression.codec_book import CodecBook, resolve_specs
+from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
+from lightning_epipe.strategy.engine.microbatch import scatter
+from lightning_epipe.strategy.planning.partition import plan_pipeline
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step
+from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.comm.streams import pipeline_streams
+from lightning_epipe.strategy.comm.transport import Transport
+from lightning_epipe.strategy.comm.wire import Command
 
 
 class Merge(nn.Module):

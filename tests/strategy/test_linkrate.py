@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from lightning_epipe.strategy import linkrate
-from lightning_epipe.strategy.linkrate import LinkRate, Transfer, TransferWindow, busy_seconds, estimate_rate
+from lightning_epipe.strategy.comm import linkrate
+from lightning_epipe.strategy.comm.linkrate import LinkRate, Transfer, TransferWindow, busy_seconds, estimate_rate
 
 MB = 1_000_000
 
@@ -126,9 +126,9 @@ def test_the_transport_times_data_frames_per_peer_and_leaves_out_resized_ones():
 
     import torch
 
-    from lightning_epipe.strategy.memory_backend import MemoryFabric
-    from lightning_epipe.strategy.transport import Transport
-    from lightning_epipe.strategy.wire import HEADER_NBYTES, Header, Kind
+    from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
+    from lightning_epipe.strategy.comm.transport import Transport
+    from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Header, Kind
 
     fabric = MemoryFabric(2, rule="nccl")  # a send completes once its receive is posted
     ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=fabric.backend(r)) for r in (0, 1)]

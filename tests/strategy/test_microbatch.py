@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_epipe.strategy.microbatch import batch_size, flatten, gather, join, scatter, tensors_of, unflatten
+from lightning_epipe.strategy.engine.microbatch import batch_size, flatten, gather, join, scatter, tensors_of, unflatten
 
 
 def test_scatter_tensor_sizes_differ_by_at_most_one():

@@ -1,9 +1,9 @@
 import pytest
 from torch import nn
 
-from lightning_epipe.strategy.balance import balance_by_parameters, balance_by_time
-from lightning_epipe.strategy.balance_solver import solve_balance
-from lightning_epipe.strategy.partition import find_pipeline, num_stages_for, plan_pipeline
+from lightning_epipe.strategy.planning.layer_costs import balance_by_parameters, balance_by_time
+from lightning_epipe.strategy.planning.solver import solve_balance
+from lightning_epipe.strategy.planning.partition import find_pipeline, num_stages_for, plan_pipeline
 
 
 def test_client_server_plan_puts_head_and_tail_on_rank_zero():

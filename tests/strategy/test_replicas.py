@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from lightning_epipe.strategy import replicas
-from lightning_epipe.strategy.replicas import ReplicaLayout
+from lightning_epipe.strategy.engine import replicas
+from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 from tests.helpers import ROOT, run_ranks
 from tests.strategy.scenario import TinyNet, make_data, trainer_kwargs
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from lightning_epipe.strategy import sample_ids
-from lightning_epipe.strategy.sample_ids import SampleIdRecorder
+from lightning_epipe.strategy.compression import sample_ids
+from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
 
 
 def test_doctests():

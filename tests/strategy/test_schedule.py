@@ -1,4 +1,4 @@
-from lightning_epipe.strategy.schedule import Task, clock_cycles, ideal_efficiency, rank_tasks, recomputes
+from lightning_epipe.strategy.engine.schedule import Task, clock_cycles, ideal_efficiency, rank_tasks, recomputes
 
 
 def test_clock_cycles_staircase():
@@ -51,7 +51,7 @@ def _names(tasks):
 
 
 def test_stage_1f1b_warms_up_alternates_and_drains():
-    from lightning_epipe.strategy.schedule import stage_1f1b
+    from lightning_epipe.strategy.engine.schedule import stage_1f1b
 
     assert _names(stage_1f1b(0, 3, 4)) == ["F0.0", "F0.1", "F0.2", "B0.0", "F0.3", "B0.1", "B0.2", "B0.3"]
     assert _names(stage_1f1b(2, 3, 4)) == ["F2.0", "B2.0", "F2.1", "B2.1", "F2.2", "B2.2", "F2.3", "B2.3"]
@@ -59,7 +59,7 @@ def test_stage_1f1b_warms_up_alternates_and_drains():
 
 
 def test_client_interleaves_its_head_and_tail():
-    from lightning_epipe.strategy.schedule import rank_tasks_1f1b
+    from lightning_epipe.strategy.engine.schedule import rank_tasks_1f1b
 
     order = rank_tasks_1f1b((0, 1, 0), 3)
     # by the simulated clock: the head's third forward runs while the server works on the first
@@ -103,7 +103,7 @@ import pytest  # noqa: E402
 @pytest.mark.parametrize("stage_ranks", [(0, 1, 0), (0, 1, 2, 0), (0, 1, 2, 3, 0), (1, 0), (1, 2, 0), (1, 2, 3, 0)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 8])
 def test_1f1b_never_deadlocks_and_bounds_the_micro_batches_in_flight(stage_ranks, m):
-    from lightning_epipe.strategy.schedule import rank_tasks_1f1b
+    from lightning_epipe.strategy.engine.schedule import rank_tasks_1f1b
 
     order = rank_tasks_1f1b(stage_ranks, m)
     k = len(stage_ranks)

@@ -1,6 +1,6 @@
 import pytest
 
-from lightning_epipe.strategy.stats import LinkCounter, LinkKey, PipelineStats
+from lightning_epipe.strategy.engine.stats import LinkCounter, LinkKey, PipelineStats
 
 
 def test_link_counter_ratio_and_peak():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_epipe.strategy.wire import HEADER_LEN, Header, Kind, WireError, checksum
+from lightning_epipe.strategy.comm.wire import HEADER_LEN, Header, Kind, WireError, checksum
 
 
 def _header(**kw):

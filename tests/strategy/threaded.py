@@ -17,18 +17,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from lightning_epipe.strategy.balance import balance_by_parameters
-from lightning_epipe.strategy.codecs import CodecBook, resolve_specs
-from lightning_epipe.strategy.memory_backend import MemoryFabric
-from lightning_epipe.strategy.microbatch import batch_size, scatter
-from lightning_epipe.strategy.partition import plan_pipeline
-from lightning_epipe.strategy.replicas import ReplicaLayout
-from lightning_epipe.strategy.runtime import PipelineRuntime
-from lightning_epipe.strategy.server_loop import ServerHooks, StepEnd, serve_step
-from lightning_epipe.strategy.stats import PipelineStats
-from lightning_epipe.strategy.streams import pipeline_streams
-from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.wire import Command, StepFlag
+from lightning_epipe.strategy.planning.layer_costs import balance_by_parameters
+from lightning_epipe.strategy.compression.codec_book import CodecBook, resolve_specs
+from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
+from lightning_epipe.strategy.engine.microbatch import batch_size, scatter
+from lightning_epipe.strategy.planning.partition import plan_pipeline
+from lightning_epipe.strategy.engine.replicas import ReplicaLayout
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step
+from lightning_epipe.strategy.engine.stats import PipelineStats
+from lightning_epipe.strategy.comm.streams import pipeline_streams
+from lightning_epipe.strategy.comm.transport import Transport
+from lightning_epipe.strategy.comm.wire import Command, StepFlag
 
 LR = 0.1
 

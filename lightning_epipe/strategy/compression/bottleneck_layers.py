@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from lightning_epipe.compressors.bottleneck import Bottleneck, BottleneckPair
-from lightning_epipe.strategy.collectives import broadcast_json
-from lightning_epipe.strategy.partition import PipelinePlan
+from lightning_epipe.strategy.comm.collectives import broadcast_json
+from lightning_epipe.strategy.planning.partition import PipelinePlan
 
 __all__ = ["ATTRIBUTE", "install_bottlenecks", "release_foreign_halves", "split_bottleneck_state",
            "ensure_optimized"]

@@ -23,7 +23,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
-from lightning_epipe.strategy.microbatch import batch_size, scatter
+from lightning_epipe.strategy.engine.microbatch import batch_size, scatter
 
 __all__ = ["check_1f1b", "as_leaf", "MicrobatchLosses", "GradientStash"]
 

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from lightning_epipe.strategy.stats import PipelineStats
+from lightning_epipe.strategy.engine.stats import PipelineStats
 
 __all__ = ["ComputeTimer", "synchronize"]
 

@@ -1,14 +1,14 @@
 """``balance="time"`` across processes: every rank measures, rank 0 solves, everyone agrees.
 
 1. Every rank of the first pipeline times every layer's forward and backward on its own
-   device with the module's ``example_input_array`` (:func:`~lightning_epipe.strategy.balance.measure_layers`),
+   device with the module's ``example_input_array`` (:func:`~lightning_epipe.strategy.planning.layer_costs.measure_layers`),
    so a slow client and fast servers (the report's CPU client with GPU servers) each get
    the layers that fit them; it also reports its memory capacity.
 2. Rank 0 sizes every possible cut after compression (the configured activation and
    gradient codecs on the example's activations) and times a ping-pong with rank 1 of the
    largest one: a cut after layer ``i`` costs both its ranks ``bytes_i / bandwidth``.
 3. Rank 0 solves for the split that minimizes the busiest rank's load within every rank's
-   memory (:func:`~lightning_epipe.strategy.balance_solver.solve_balance`) and broadcasts it.
+   memory (:func:`~lightning_epipe.strategy.planning.solver.solve_balance`) and broadcasts it.
 
 All the numbers are at the example's batch size: compute and bytes both scale with it, so
 their ratio holds for the training micro-batches; memory does not (weights and optimizer
@@ -24,10 +24,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
 from lightning_epipe.compressors import Compressor
-from lightning_epipe.strategy.balance import cut_nbytes, layer_memory, measure_layers
-from lightning_epipe.strategy.balance_solver import rank_loads, solve_balance
-from lightning_epipe.strategy.collectives import broadcast_json, probe_bandwidth
-from lightning_epipe.strategy.device_memory import memory_capacity
+from lightning_epipe.strategy.planning.layer_costs import cut_nbytes, layer_memory, measure_layers
+from lightning_epipe.strategy.planning.solver import rank_loads, solve_balance
+from lightning_epipe.strategy.comm.collectives import broadcast_json, probe_bandwidth
+from lightning_epipe.strategy.planning.device_memory import memory_capacity
 
 __all__ = ["measured_balance"]
 

@@ -6,11 +6,11 @@ then every ``retune_every`` steps:
 
 1. Every rank broadcasts (JSON) what it measured since the last check: per peer it sends
    to, the sustained rate of the training's own messages over the latest ``window_bytes``
-   (:mod:`~lightning_epipe.strategy.linkrate`: bytes / busy transfer time, or a lower
+   (:mod:`~lightning_epipe.strategy.comm.linkrate`: bytes / busy transfer time, or a lower
    bound where the link was not saturated), and its compute seconds per micro-batch.
 2. A link (a cut and a direction) whose sender has not yet sent ``min_bytes`` to that peer
    waits, uncompressed, for a later check. There is no probe: a ping-pong of one message
-   (:func:`~lightning_epipe.strategy.collectives.probe_bandwidth`, which ``balance="time"`` uses) fits in a token bucket's
+   (:func:`~lightning_epipe.strategy.comm.collectives.probe_bandwidth`, which ``balance="time"`` uses) fits in a token bucket's
    burst or a socket buffer and reads far too fast (on ``tbf rate 20mbit burst 1mbit`` it
    gave 3 of 4 links ~90x their rate and auto lost to a fixed codec), while a few steps of
    uncompressed traffic measure the link with the most bytes it will ever carry, and cost
@@ -18,11 +18,11 @@ then every ``retune_every`` steps:
 3. Where the rate moved by more than ``tolerance`` since the link's decision (a lower
    bound only when it rose above that), the sender profiles every candidate codec on the
    last tensor it sent there (the runtime's ``samples``) and picks the fastest within the
-   error budget (:func:`~lightning_epipe.strategy.auto_choice.choose_codec`), a transfer
+   error budget (:func:`~lightning_epipe.strategy.compression.auto_choice.choose_codec`), a transfer
    hidden behind its share of the slowest rank's compute per micro-batch: that compute
    divided by the messages the same sender -> receiver link carries per micro-batch (an
    activation and a gradient of two cuts, in the client-server placement) (the cost model
-   of :mod:`~lightning_epipe.strategy.auto_choice`).
+   of :mod:`~lightning_epipe.strategy.compression.auto_choice`).
 4. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
    them, so the two ends of a link switch codecs at the same step.
 
@@ -43,7 +43,7 @@ from torch import Tensor
 
 from lightning_epipe.compressors.profile import DEFAULT_CANDIDATES, profile_codecs
 from lightning_epipe.compressors.registry import available_compressors
-from lightning_epipe.strategy.auto_choice import (
+from lightning_epipe.strategy.compression.auto_choice import (
     LinkChoice,
     choices_from_json,
     choices_to_json,
@@ -52,10 +52,10 @@ from lightning_epipe.strategy.auto_choice import (
     format_choices,
     needs_retune,
 )
-from lightning_epipe.strategy.codecs import CodecBook
-from lightning_epipe.strategy.collectives import broadcast_json
-from lightning_epipe.strategy.linkrate import MIN_BYTES, WINDOW_BYTES, LinkRate, TransferWindow, estimate_rate
-from lightning_epipe.strategy.partition import PipelinePlan
+from lightning_epipe.strategy.compression.codec_book import CodecBook
+from lightning_epipe.strategy.comm.collectives import broadcast_json
+from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, LinkRate, TransferWindow, estimate_rate
+from lightning_epipe.strategy.planning.partition import PipelinePlan
 
 __all__ = ["AutoTuner", "hidden_seconds", "messages_per_microbatch"]
 

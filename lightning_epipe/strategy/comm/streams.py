@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lightning_epipe.strategy.partition import stage_ranks_for
-from lightning_epipe.strategy.wire import Kind
+from lightning_epipe.strategy.planning.partition import stage_ranks_for
+from lightning_epipe.strategy.comm.wire import Kind
 
 __all__ = ["Stream", "pipeline_streams", "stream_name", "CONTROL"]
 

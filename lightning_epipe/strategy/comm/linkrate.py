@@ -31,7 +31,7 @@ Why not the fastest messages, or per-message rates: those are exactly what a bur
 socket buffer inflates (the probe's failure). Why not sum post->completion times: a send that
 waits behind another, or for a late receiver, would count that wait as transfer time. A
 receiver that posts its receive late (a slower next stage) still makes a saturated estimate
-low; the cost model (:func:`~lightning_epipe.strategy.auto_choice.predicted_seconds`) hides
+low; the cost model (:func:`~lightning_epipe.strategy.compression.auto_choice.predicted_seconds`) hides
 transfers behind the slowest stage's compute, which is also what such a wait lasts.
 
 Pure: numbers in, numbers out; no torch, no process group.

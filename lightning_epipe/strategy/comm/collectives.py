@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_epipe.strategy.timing import synchronize
-from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.wire import Header, Kind, WireError
+from lightning_epipe.strategy.engine.timing import synchronize
+from lightning_epipe.strategy.comm.transport import Transport
+from lightning_epipe.strategy.comm.wire import Header, Kind, WireError
 
 __all__ = ["broadcast_json", "gather_tensors", "probe_bandwidth", "json_to_bytes", "bytes_to_json"]
 

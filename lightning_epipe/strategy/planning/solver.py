@@ -1,6 +1,6 @@
 """Exact balance for heterogeneous processes, with cut costs and memory limits.
 
-Pure planning like :mod:`~lightning_epipe.strategy.partition`: plain Python numbers in,
+Pure planning like :mod:`~lightning_epipe.strategy.planning.partition`: plain Python numbers in,
 layers per stage out; nothing here starts a process or touches a device.
 
 Model (``n`` layers, ``R`` processes, ``K`` stages placed as in ``partition``: client-server
@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from typing import Sequence, Union
 
-from lightning_epipe.strategy.partition import PLACEMENTS, stage_ranks_for, plan_pipeline
+from lightning_epipe.strategy.planning.partition import PLACEMENTS, stage_ranks_for, plan_pipeline
 
 __all__ = ["solve_balance", "rank_loads"]
 

@@ -3,7 +3,7 @@
 Servers (pipeline ranks > 0) never run user code. Lightning calls their ``training_step``
 (and the other step hooks) once per batch as on the client; inside it, :func:`serve_step`
 reads the client's commands from the control stream and drives this rank's
-:class:`~lightning_epipe.strategy.runtime.PipelineRuntime`:
+:class:`~lightning_epipe.strategy.engine.runtime.PipelineRuntime`:
 
 =================  ===========================================================
 ``FORWARD``        start the step: its micro-batch count and :class:`StepFlag`
@@ -24,9 +24,9 @@ from typing import Any, Callable, ContextManager
 
 import torch
 
-from lightning_epipe.strategy.microbatch import scatter
-from lightning_epipe.strategy.runtime import PipelineRuntime
-from lightning_epipe.strategy.wire import Command, StepFlag
+from lightning_epipe.strategy.engine.microbatch import scatter
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+from lightning_epipe.strategy.comm.wire import Command, StepFlag
 
 __all__ = ["StepEnd", "ServerHooks", "serve_step"]
 

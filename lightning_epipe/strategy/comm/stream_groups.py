@@ -9,8 +9,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from lightning_epipe.strategy.replicas import ReplicaLayout
-from lightning_epipe.strategy.streams import pipeline_streams
+from lightning_epipe.strategy.engine.replicas import ReplicaLayout
+from lightning_epipe.strategy.comm.streams import pipeline_streams
 
 __all__ = ["StreamGroups", "create_stream_groups"]
 

@@ -2,7 +2,7 @@
 
 Given, for one direction of one cut (activations forward, gradients backward), the raw
 bytes of a message, the link's measured bandwidth (the training's own traffic,
-:mod:`lightning_epipe.strategy.linkrate`), the compute seconds a transfer can hide behind
+:mod:`lightning_epipe.strategy.comm.linkrate`), the compute seconds a transfer can hide behind
 and a :class:`CodecProfile` per candidate codec
 (``lightning_epipe.compressors.profile.profile_codecs`` on a sample of that message),
 :func:`choose_codec` picks the codec with the least predicted time per message among those
@@ -26,10 +26,10 @@ Why the slowest rank's whole micro-batch: it is exact for 1F1B's steady state, a
 hides what a sender measures as transfer time but is the receiver being busy (a send
 completes only once the receiver has posted its receive, which it does one message ahead;
 a slower next stage makes every send look that long, see
-:mod:`~lightning_epipe.strategy.linkrate`). Under GPipe, activations cross during the
+:mod:`~lightning_epipe.strategy.comm.linkrate`). Under GPipe, activations cross during the
 forward phase only, so this hides more than GPipe does: a link whose transfers are a little
 longer than the slowest forward but shorter than forward + backward stays uncompressed.
-The tuner measures ``hidden_s`` (:class:`~lightning_epipe.strategy.auto_tuner.AutoTuner`). With
+The tuner measures ``hidden_s`` (:class:`~lightning_epipe.strategy.compression.auto_tuner.AutoTuner`). With
 an infinitely fast link, or one whose transfers all hide, every codec only costs its encode
 and decode time and the cheapest one (normally ``none``) wins.
 

@@ -1,7 +1,7 @@
 """Which layers each rank runs: the plan of a LightningModule under a :class:`PipelineConfig`.
 
 :func:`plan_for` checks the module against the configuration and returns its
-:class:`~lightning_epipe.strategy.partition.PipelinePlan` before any process starts (for
+:class:`~lightning_epipe.strategy.planning.partition.PipelinePlan` before any process starts (for
 ``balance="time"`` a placeholder split: the real one is measured across the processes by
 :func:`plan_by_time` in ``setup``).
 """
@@ -12,12 +12,12 @@ import torch
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from lightning_epipe.strategy.balance import balance_by_parameters
+from lightning_epipe.strategy.planning.layer_costs import balance_by_parameters
 from lightning_epipe.strategy.config import PipelineConfig
-from lightning_epipe.strategy.measured_balance import measured_balance
-from lightning_epipe.strategy.one_f_one_b import check_1f1b
-from lightning_epipe.strategy.partition import PipelinePlan, find_pipeline, num_stages_for, plan_pipeline
-from lightning_epipe.strategy.replicas import ReplicaLayout
+from lightning_epipe.strategy.planning.measured import measured_balance
+from lightning_epipe.strategy.engine.one_f_one_b import check_1f1b
+from lightning_epipe.strategy.planning.partition import PipelinePlan, find_pipeline, num_stages_for, plan_pipeline
+from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 
 __all__ = ["plan_for", "plan_by_time"]
 

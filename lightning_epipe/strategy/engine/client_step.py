@@ -18,12 +18,12 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from lightning_epipe.strategy.config import PipelineConfig
-from lightning_epipe.strategy.microbatch import batch_size, gather, scatter
-from lightning_epipe.strategy.one_f_one_b import GradientStash, MicrobatchLosses, as_leaf
-from lightning_epipe.strategy.runtime import PipelineRuntime
-from lightning_epipe.strategy.sample_ids import SampleIdRecorder
-from lightning_epipe.strategy.stats import PipelineStats
-from lightning_epipe.strategy.wire import Command, StepFlag
+from lightning_epipe.strategy.engine.microbatch import batch_size, gather, scatter
+from lightning_epipe.strategy.engine.one_f_one_b import GradientStash, MicrobatchLosses, as_leaf
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
+from lightning_epipe.strategy.engine.stats import PipelineStats
+from lightning_epipe.strategy.comm.wire import Command, StepFlag
 
 __all__ = ["ClientStep"]
 

@@ -30,14 +30,14 @@ from torch import Tensor, nn
 
 from lightning_epipe.compressors import BottleneckPair, Compressor, Packet, PacketError
 from lightning_epipe.compressors.delta import DeltaCompressor
-from lightning_epipe.strategy.codecs import CodecBook
-from lightning_epipe.strategy.microbatch import Batch, flatten, join, scatter, tensors_of, unflatten
-from lightning_epipe.strategy.partition import PipelinePlan
-from lightning_epipe.strategy.schedule import rank_tasks, rank_tasks_1f1b, recomputes
-from lightning_epipe.strategy.stats import LinkKey, PipelineStats
-from lightning_epipe.strategy.timing import ComputeTimer
-from lightning_epipe.strategy.transport import Transport
-from lightning_epipe.strategy.wire import Command, Direction, Flag, Header, Kind, StepFlag, WireError
+from lightning_epipe.strategy.compression.codec_book import CodecBook
+from lightning_epipe.strategy.engine.microbatch import Batch, flatten, join, scatter, tensors_of, unflatten
+from lightning_epipe.strategy.planning.partition import PipelinePlan
+from lightning_epipe.strategy.engine.schedule import rank_tasks, rank_tasks_1f1b, recomputes
+from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.engine.timing import ComputeTimer
+from lightning_epipe.strategy.comm.transport import Transport
+from lightning_epipe.strategy.comm.wire import Command, Direction, Flag, Header, Kind, StepFlag, WireError
 
 __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "WHOLE_INPUT_BYTES"]
 

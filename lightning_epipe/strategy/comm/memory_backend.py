@@ -29,7 +29,7 @@ from typing import Hashable, Optional
 
 from torch import Tensor
 
-from lightning_epipe.strategy.transport import P2PBackend
+from lightning_epipe.strategy.comm.transport import P2PBackend
 
 __all__ = ["MemoryFabric"]
 

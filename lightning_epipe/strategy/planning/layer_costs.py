@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_epipe.strategy.microbatch import Batch
-from lightning_epipe.strategy.balance_solver import solve_balance
-from lightning_epipe.strategy.timing import synchronize
+from lightning_epipe.strategy.engine.microbatch import Batch
+from lightning_epipe.strategy.planning.solver import solve_balance
+from lightning_epipe.strategy.engine.timing import synchronize
 
 __all__ = ["balance_by_parameters", "balance_by_time", "measure_layers", "cut_nbytes", "layer_memory"]
 

@@ -1,6 +1,6 @@
 """Frames between ranks: one message per tensor, receives posted ahead, every wait bounded.
 
-A *frame* is one uint8 buffer: the 96-byte :class:`~lightning_epipe.strategy.wire.Header`
+A *frame* is one uint8 buffer: the 96-byte :class:`~lightning_epipe.strategy.comm.wire.Header`
 followed by the payload. Messages travel on *streams* (``streams.py``: one process group
 per direction of a link and kind of message), each a FIFO whose order both ends know.
 
@@ -18,7 +18,7 @@ on accelerator links the header says 0 and NCCL's own integrity checks stand.
 
 Link rates: every data frame's send is timed from its post to its completion, as the
 sender sees it (pending sends are polled before every send and around every receive), and
-kept per peer in a :class:`~lightning_epipe.strategy.linkrate.TransferWindow` (``rates``),
+kept per peer in a :class:`~lightning_epipe.strategy.comm.linkrate.TransferWindow` (``rates``),
 marked *queued* when the next frame to that peer was posted before it completed: what
 ``compressor="auto"`` decides from. A frame announced by a ``RESIZE`` notice is left out:
 its receive is posted only when the receiver reads the notice, so its time is mostly the
@@ -41,10 +41,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_epipe.strategy.linkrate import MIN_BYTES, WINDOW_BYTES, Transfer, TransferWindow
-from lightning_epipe.strategy.stats import LinkKey, PipelineStats
-from lightning_epipe.strategy.streams import CONTROL, stream_name
-from lightning_epipe.strategy.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
+from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, Transfer, TransferWindow
+from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
+from lightning_epipe.strategy.comm.streams import CONTROL, stream_name
+from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
 
 __all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND"]
 

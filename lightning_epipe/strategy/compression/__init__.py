@@ -1,0 +1,1 @@
+"""A codec per stream: the codec book, ``compressor="auto"``, learned bottlenecks, delta keys."""
