@@ -41,6 +41,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
@@ -497,6 +498,8 @@ class EPipeStrategy(ParallelStrategy):
         hooks = ServerHooks(after_backward=self._after_backward, optimizer_step=self._server_optimizer_step,
                             set_gradients_aside=lambda: self._stash.set_aside(self.lightning_module))
         end = serve_step(self.runtime, hooks, training)
+        if end is StepEnd.STOPPED:  # as the client did: Lightning's way out on SIGTERM
+            raise SIGTERMException()
         if end is StepEnd.SKIPPED:
             return self._skipped_step_loss() if training and automatic else None
         if end is StepEnd.FINISHED and automatic:
@@ -700,6 +703,15 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def on_exception(self, exception: BaseException) -> None:
         self._failed = True
+        stopped_alone = isinstance(exception, SIGTERMException) and self._sigterm_broadcast is None
+        if stopped_alone and self.is_client and self._runtime is not None:
+            # SIGTERM in validate/test/predict: Lightning stopped the client between two batches,
+            # where every server waits for its next command (in fit, rank 0's broadcast stops all)
+            try:
+                self._runtime.command(Command.STOP)
+                self._runtime.transport.flush()
+            except Exception as error:  # a server already gone: it ends on its own
+                log.info("EPipeStrategy: could not tell the servers to stop (%s)", error)
 
     @override
     def teardown(self) -> None:

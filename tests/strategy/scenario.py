@@ -149,6 +149,11 @@ class InjectFault(L.Callback):
         if self.kind == "sigterm" and trainer.global_rank == self.rank and trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGTERM)
 
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        # the same in a standalone trainer.validate(): the client stops after this batch
+        if self.kind == "sigterm-validate" and trainer.global_rank == self.rank and batch_idx == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             if self.kind == "kill":
@@ -182,7 +187,7 @@ def main() -> None:
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--nonfinite", default="raise")
-    p.add_argument("--fault", default=None, choices=["kill", "stall", "raise", "nan", "corrupt", "misorder", "sigterm"])
+    p.add_argument("--fault", default=None, choices=["kill", "stall", "raise", "nan", "corrupt", "misorder", "sigterm", "sigterm-validate"])
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=2)
     p.add_argument("--precision", default="32-true")
@@ -227,10 +232,20 @@ def main() -> None:
         kwargs["max_epochs"] = args.epochs
     if args.val:
         kwargs.update(limit_val_batches=None, num_sanity_val_steps=2)
+    if args.fault == "sigterm-validate":
+        kwargs.update(limit_val_batches=None)
     if args.ckpt_dir:
         kwargs["enable_checkpointing"] = True
     kwargs["accelerator"] = args.accelerator
     trainer = L.Trainer(devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, precision=args.precision, **kwargs)
+    if args.fault == "sigterm-validate":  # a standalone validate, stopped by SIGTERM
+        try:
+            trainer.validate(model, loader(args.batch_size), verbose=False)
+        except SIGTERMException:
+            done = trainer.validate_loop.batch_progress.current.completed
+            print(f"rank {trainer.global_rank} stopped by SIGTERM after validation batch {done}", flush=True)
+            raise
+        return
     try:
         trainer.fit(model, loader(args.batch_size), loader(args.batch_size) if args.val else None, ckpt_path=args.resume)
     except SIGTERMException:

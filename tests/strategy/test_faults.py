@@ -84,3 +84,14 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path):
     assert sorted(rank for rank, _ in stopped) == ["0", "1", "2"], out[-3000:]
     assert {step for _, step in stopped} == {"2"}, stopped
     assert code == 0 and "Timed out" not in out and "PeerError" not in out, out[-3000:]
+
+
+def test_sigterm_in_validate_stops_every_rank_after_the_same_batch(tmp_path):
+    """SIGTERM in a standalone ``trainer.validate()`` (no per-step broadcast there): the client
+    stops after its batch as Lightning does and tells the servers, which wait for its next
+    command, to stop too; every rank exits as Lightning's SIGTERM exit, no PeerError."""
+    code, out = _run_fault("sigterm-validate", "--steps", "8", rank=0, step=1, tmp_path=tmp_path)
+    stopped = re.findall(r"rank (\d) stopped by SIGTERM after validation batch (\d+)", out)
+    assert sorted(rank for rank, _ in stopped) == ["0", "1", "2"], out[-3000:]
+    assert {batch for _, batch in stopped} == {"2"}, stopped
+    assert code == 0 and "Timed out" not in out and "PeerError" not in out, out[-3000:]

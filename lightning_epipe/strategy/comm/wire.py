@@ -83,6 +83,7 @@ class Command(enum.IntEnum):
     OPTIMIZER_STEP = 3
     FINISH_STEP = 4
     SKIP_STEP = 5
+    STOP = 6  # the client stopped on SIGTERM between evaluation batches: stop where you wait
 
 
 _DIRECTIONS = {Kind.ACTIVATION: Direction.ACTIVATION, Kind.GRADIENT: Direction.GRADIENT, Kind.INPUT: Direction.INPUT}

@@ -13,6 +13,8 @@ reads the client's commands from the control stream and drives this rank's
 ``FINISH_STEP``    the client's step returned: return (automatic optimization's
                    backward comes next, from Lightning)
 ``SKIP_STEP``      the step is skipped on every rank (NaN/Inf, or ``None`` loss)
+``STOP``           the client stopped between two steps (SIGTERM in ``validate``,
+                   ``test`` or ``predict``): stop too, before this step
 =================  ===========================================================
 """
 
@@ -37,6 +39,7 @@ class StepEnd(enum.Enum):
     FINISHED = "finished"  # after a forward: the step's backward follows
     EVALUATED = "evaluated"  # nothing to backpropagate (no forward, or evaluation)
     SKIPPED = "skipped"
+    STOPPED = "stopped"  # the client stopped before this step (Command.STOP)
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
         elif msg.command == Command.SKIP_STEP:
             runtime.discard()
             return StepEnd.SKIPPED
+        elif msg.command == Command.STOP:
+            return StepEnd.STOPPED
         elif msg.command == Command.FINISH_STEP:
             if training and forwarded:
                 return StepEnd.FINISHED
