@@ -5,13 +5,16 @@ followed by the payload. Messages travel on *streams* (``streams.py``: one proce
 per direction of a link and kind of message), each a FIFO whose order both ends know.
 
 Frame sizes: both ends remember, per stream, the frame size of each message *key* (kind,
-micro-batch, tensor index), starting at a bare header. A frame of the remembered size
-goes as one message, so in steady state (same shapes and codecs as the step before) a
-tensor is one message and its receive can be posted before it is sent (:meth:`prepost`).
-A frame of another size (the first step, a smaller last batch, a codec that changed) is
-announced by a notice of the remembered size with the ``RESIZE`` flag and the new size,
-then sent on the same stream; the receiver posts the next frame of a stream only after
-it has read the one before, so a notice is never mistaken for a frame.
+micro-batch, tensor index), starting at a bare header. A payload that fits the remembered
+frame (:func:`frame_capacity`: no larger, and at least 3/4 of it) goes in a frame of that
+size, padded, as one message: in steady state a tensor is one message and its receive can
+be posted before it is sent (:meth:`prepost`), even where a codec's payload varies by a few
+bytes from message to message (sort quantization's exact levels). Any other payload (the
+first step, a smaller last batch, a codec that changed) is announced by a notice of the
+remembered size with the ``RESIZE`` flag and the new frame's payload capacity, then sent
+on the same stream; the receiver posts the next frame of a stream only after it has read
+the one before, so a notice is never mistaken for a frame. A notice costs a whole frame
+of the old size on the wire, which is why a payload that grew gets 1/64 of headroom.
 
 Checksums: CRC32 of the payload, computed where the payload is in host memory (gloo);
 on accelerator links the header says 0 and NCCL's own integrity checks stand.
@@ -46,7 +49,7 @@ from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.comm.streams import CONTROL, stream_name
 from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
 
-__all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND"]
+__all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND", "frame_capacity"]
 
 Key = tuple[int, int, int]  # (kind, micro-batch, tensor index)
 
@@ -59,7 +62,7 @@ class PeerError(RuntimeError):
 class Received:
     header: Header
     payload: Optional[Tensor]
-    nbytes: int  # bytes of the frame
+    nbytes: int  # bytes it took on the wire: the frame's and a size notice's
 
 
 @dataclass
@@ -102,6 +105,24 @@ class _Posted:
     key: Key
     frame: Tensor
     work: Any
+
+
+def frame_capacity(payload_nbytes: int, capacity: int) -> int:
+    """The payload capacity of the frame that carries ``payload_nbytes`` where the peer expects
+    ``capacity``: ``capacity`` itself while the payload fits it and fills at least 3/4 of it
+    (no notice, a few bytes of padding); else the payload's size, with 1/64 of headroom when
+    it outgrew its frame by a little (sizes that vary stop costing a notice each).
+
+        >>> frame_capacity(32836, 0), frame_capacity(32856, 32836), frame_capacity(32836, 33370)
+        (32836, 33370, 33370)
+        >>> frame_capacity(16384, 33370), frame_capacity(4128, 30)   # another codec, another message
+        (16384, 4128)
+    """
+    if capacity * 3 // 4 <= payload_nbytes <= capacity:
+        return capacity
+    if capacity < payload_nbytes <= capacity * 9 // 8:
+        return payload_nbytes + -(-payload_nbytes // 64)
+    return payload_nbytes
 
 
 def _key(kind: int, microbatch: int, index: int) -> Key:
@@ -165,32 +186,36 @@ class Transport:
     # ------------------------------------------------------------------ sending
 
     def send(self, peer: int, header: Header, payload: Optional[Tensor] = None) -> int:
-        """Post ``header`` and ``payload`` (1-D uint8) to ``peer`` as one frame; returns the frame's bytes
-        (a size notice, when one goes first, is protocol overhead like gloo's own and not counted)."""
+        """Post ``header`` and ``payload`` (1-D uint8) to ``peer`` as one frame; returns the bytes it put
+        on the wire: the frame's, padding included, and a size notice's when one goes first."""
         name, group, device = self._route(header.kind, self.rank, peer)
         size = 0 if payload is None else payload.numel()
         if payload is not None and (payload.dtype != torch.uint8 or payload.dim() != 1):
             raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} {tuple(payload.shape)}")
-        frame = self._frame(HEADER_NBYTES + size, device)
-        if size:
-            frame[HEADER_NBYTES:].copy_(payload, non_blocking=True)
-            if payload.device != frame.device and payload.device.type == "cuda":
-                torch.cuda.current_stream(payload.device).synchronize()  # gloo reads the host copy at once
-        crc = checksum(frame[HEADER_NBYTES:]) if self.verify_checksum and size else 0
-        header = header.framed(size, crc)
-        header.write(frame)
         slot = (name, self.rank, peer, _key(header.kind, header.microbatch, header.index))
         expected = self._frame_sizes.get(slot, HEADER_NBYTES)
+        capacity = frame_capacity(size, expected - HEADER_NBYTES)
+        frame = self._frame(HEADER_NBYTES + capacity, device)
+        end = HEADER_NBYTES + size
+        if size:
+            frame[HEADER_NBYTES:end].copy_(payload, non_blocking=True)
+            if payload.device != frame.device and payload.device.type == "cuda":
+                torch.cuda.current_stream(payload.device).synchronize()  # gloo reads the host copy at once
+        if capacity > size:
+            frame[end:].zero_()  # padding
+        crc = checksum(frame[HEADER_NBYTES:end]) if self.verify_checksum and size else 0
+        header = header.framed(size, crc)
+        header.write(frame)
         nbytes = frame.numel()
-        resized = expected != frame.numel()
-        if resized:  # announce the new size in a frame of the size the peer expects
+        resized = expected != nbytes
+        if resized:  # announce the new frame in a frame of the size the peer expects
             notice = torch.zeros(expected, dtype=torch.uint8, device=device)
-            header.framed(size, 0, Flag.RESIZE).write(notice)
+            header.framed(capacity, 0, Flag.RESIZE).write(notice)
             self._post(notice, peer, group, header)
-            self._frame_sizes[slot] = frame.numel()
+            self._frame_sizes[slot] = nbytes
         self._poll_sends()
         self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name), resized)
-        return nbytes
+        return nbytes + (expected if resized else 0)
 
     def _frame(self, nbytes: int, device: torch.device) -> Tensor:
         """A frame buffer: pinned host memory when it stages a GPU's tensors."""
@@ -264,22 +289,24 @@ class Transport:
         self._poll_sends()
         header = Header.read(posted.frame, link)
         header.expect(link, **expect)
-        frame = posted.frame
+        frame, nbytes = posted.frame, posted.frame.numel()
         if header.flags & Flag.RESIZE:
             self._frame_sizes[(name, peer, self.rank, key)] = HEADER_NBYTES + header.payload_nbytes
             resized = self._post_recv(name, group, device, peer, key)
             self._wait(resized.work, peer, what, blocking=not idle)
             frame = resized.frame
+            nbytes += frame.numel()
             header = Header.read(frame, link)
             header.expect(link, **expect)
-        if HEADER_NBYTES + header.payload_nbytes != frame.numel():
+        end = HEADER_NBYTES + header.payload_nbytes
+        if end > frame.numel():
             raise WireError(f"{link}: {what}: the header announces {header.payload_nbytes} payload bytes in a frame of {frame.numel()}")
-        payload = frame[HEADER_NBYTES:] if header.payload_nbytes else None
+        payload = frame[HEADER_NBYTES:end] if header.payload_nbytes else None
         if payload is not None and self.verify_checksum and header.crc and checksum(payload) != header.crc:
             raise WireError(f"{link}: {what}: payload checksum mismatch ({header.payload_nbytes} bytes corrupted in transit)")
         if payload is not None and name != CONTROL and payload.device != self.device:
             payload = payload.to(self.device, non_blocking=True)  # host-staged: onto the GPU, from pinned memory
-        return Received(header, payload, frame.numel())
+        return Received(header, payload, nbytes)
 
     def _wait(self, work: Any, peer: int, what: str, blocking: bool) -> None:
         """Wait for ``work`` (bounded by the timeout); ``blocking`` time counts as pipeline wait."""

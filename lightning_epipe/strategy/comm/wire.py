@@ -61,7 +61,7 @@ class Flag(enum.IntFlag):
     BARE = 2  # the stage output was a bare Tensor, not a tuple
     NO_GRAD = 4  # a gradient message for a leaf that got no gradient: zeros, no payload
     NONFINITE = 8  # the sender found NaN/Inf here; no payload
-    RESIZE = 16  # a notice: this message's frame has another size than the last one of its key; the frame follows
+    RESIZE = 16  # a notice: the next frame of this key has another size (payload_nbytes: its capacity); it follows
     LAYOUT = 32  # an input's first message: the JSON layout of its tensors (sent when it changes), tensors follow
     WHOLE_BATCH = 64  # raw inputs: the message holds the whole batch; the receiver splits it into the step's micro-batches
 

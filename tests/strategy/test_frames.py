@@ -1,0 +1,55 @@
+"""Frame sizes on the in-memory fabric (which, like NCCL and gloo, fails a receive of another
+size than its send): payloads whose size varies by a few bytes from message to message (sort
+quantization's exact levels) travel in padded frames of one size, without a size notice each;
+a payload that changes size for good gets a frame of its own size; every payload arrives intact."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+
+from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
+from lightning_epipe.strategy.comm.transport import Transport, frame_capacity
+from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Header, Kind
+
+
+def _exchange(sizes: list[int]) -> tuple[list[int], list[int]]:
+    """Send one payload of each size in turn on one message key; returns the frame sizes rank 0
+    posted (notices included) and the wire bytes ``send`` reported per message."""
+    fabric = MemoryFabric(2, rule="nccl")
+    ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=fabric.backend(r)) for r in (0, 1)]
+    reported = []
+    for step, size in enumerate(sizes, start=1):
+        payload = torch.randint(0, 256, (size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(step))
+        reported.append(ends[0].send(1, Header.data(Kind.ACTIVATION, step, 0, 1, 0, 1), payload))
+        got = ends[1].recv(0, "test", kind=Kind.ACTIVATION, step=step, microbatch=0)
+        assert got.header.payload_nbytes == size and torch.equal(got.payload, payload)
+        assert got.nbytes == reported[-1]  # both ends count the same wire bytes
+        ends[0].flush()
+    return [n for rank, op, _peer, _group, n in fabric.log if rank == 0 and op == "send"], reported
+
+
+def test_sizes_that_vary_by_a_few_bytes_share_one_padded_frame():
+    sizes = [32836, 32856, 32846, 32836, 32856, 32846]
+    frames, reported = _exchange(sizes)
+    grown = HEADER_NBYTES + 32856 + -(-32856 // 64)  # the second payload outgrew the first: 1/64 of headroom
+    # step 1: a bare notice, then the exact frame; step 2: a notice of that size, then the grown frame; then one frame each
+    assert frames == [HEADER_NBYTES, HEADER_NBYTES + 32836, HEADER_NBYTES + 32836, grown, *[grown] * 4]
+    assert reported == [HEADER_NBYTES * 2 + 32836, HEADER_NBYTES + 32836 + grown, *[grown] * 4]
+
+
+def test_a_payload_that_shrinks_for_good_gets_a_frame_of_its_size():
+    frames, _ = _exchange([4000, 4000, 2000, 2000, 3900])
+    assert frames == [HEADER_NBYTES, HEADER_NBYTES + 4000, HEADER_NBYTES + 4000,  # steps 1-2
+                      HEADER_NBYTES + 4000, HEADER_NBYTES + 2000, HEADER_NBYTES + 2000,  # half the size: resized
+                      HEADER_NBYTES + 2000, HEADER_NBYTES + 3900]  # much larger again: exact, no headroom
+
+
+@pytest.mark.parametrize(("payload", "capacity", "frame"), [
+    (0, 0, 0), (100, 0, 100), (100, 100, 100), (75, 100, 100), (74, 100, 74),
+    (101, 100, 101 + 2), (112, 100, 112 + 2), (113, 100, 113), (50, 200, 50),
+])
+def test_frame_capacity(payload, capacity, frame):
+    assert frame_capacity(payload, capacity) == frame
