@@ -189,7 +189,8 @@ def main() -> None:
     parser.add_argument("--rates", nargs="+", type=float, default=[20, 100])
     parser.add_argument("--out", default=None, help="file name under benchmarks/results")
     args = parser.parse_args()
-    print(load_average(), flush=True)
+    load_before = load_average()
+    print(load_before, flush=True)
     if args.slow_link:
         reason = netns_available()
         if reason:
@@ -197,12 +198,14 @@ def main() -> None:
             return
         rows = slow_link(args.rates, args.repeats, args.steps)
         text = slow_table(rows)
-        write_json(args.out or "engine_slow_link.json", {"load_after": load_average(), "rows": rows, "table": text})
+        write_json(args.out or "engine_slow_link.json", {"load_before": load_before, "load_after": load_average(),
+                                                                "rows": rows, "table": text})
     else:
         grid = cells(args.widths, args.chunks, args.stages, args.one_f_one_b, args.no_checksum, args.widths3)
         rows = measure(grid, args.repeats, args.steps)
         text = table(rows)
-        write_json(args.out or "engine.json", {"load_after": load_average(), "rows": rows, "summary": [summary(r) for r in rows],
+        write_json(args.out or "engine.json", {"load_before": load_before, "load_after": load_average(), "rows": rows,
+                                               "summary": [summary(r) for r in rows],
                                                "table": text})
         print("plot:", plot(rows))
     print(text)
