@@ -24,7 +24,8 @@ def test_digits_config_pipelined_learns_and_logs_the_ratio(tmp_path):
     accuracy = [float(r["val_acc"]) for r in rows if r["val_acc"]]
     assert len(accuracy) == 2 and accuracy[1] > accuracy[0] and accuracy[1] > 0.7, accuracy  # 10 classes: chance 0.1
     ratios = [float(r[key]) for r in rows for key in ("epipe/ratio", "epipe_epoch/ratio") if r[key]]
-    assert len(ratios) >= 2 + 2 and all(0.25 < ratio < 0.27 for ratio in ratios), ratios  # 8 of 32 bits + headers
+    # 8 of 32 bits + headers; an epoch's smaller last batch (45 rows) travels in padded frames
+    assert len(ratios) >= 2 + 2 and all(0.25 < ratio < 0.28 for ratio in ratios), ratios
     assert all(float(r["epipe/throughput_samples_per_s"]) > 0 for r in rows if r["epipe/ratio"])
 
 

@@ -1,14 +1,18 @@
 """AutoTuner's decisions in one process: the collectives are stand-ins (and a probe, which
-auto no longer runs, would be recorded); the codecs are profiled for real on small tensors."""
+auto no longer runs, would be recorded); the codecs are profiled for real on small tensors
+(ratio and error), their seconds fixed (``CODEC_SECONDS``) so that no decision follows the
+timer's noise on a busy machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from unittest import mock
 
 import pytest
 import torch
 
+from lightning_epipe.compressors import profile as codec_profile
 from lightning_epipe.strategy import plan_pipeline
 from lightning_epipe.strategy.compression.codec_book import CodecBook, resolve_specs
 from lightning_epipe.strategy.comm.linkrate import Transfer, TransferWindow
@@ -18,6 +22,19 @@ PLAN = plan_pipeline(4, 2, [1, 2, 1])  # stage ranks (0, 1, 0): rank 0 sends act
 CANDIDATES = (("none", {}), ("fp16", {}), ("quantize", {"bits": 8}))
 CPU = torch.device("cpu")
 MB = 1_000_000
+#: encode and decode seconds of one call on the 64 x 256 samples, in the order they measure here
+CODEC_SECONDS = {"none": 1e-5, "fp16": 2e-5, "quantize": 5e-5}
+
+
+@pytest.fixture(autouse=True)
+def fixed_codec_seconds(monkeypatch):
+    real = codec_profile.profile_codecs
+
+    def profile_codecs(x, candidates, *args, **kwargs):
+        return [dataclasses.replace(p, encode_s=CODEC_SECONDS[p.name], decode_s=CODEC_SECONDS[p.name])
+                for p in real(x, candidates, *args, **kwargs)]
+
+    monkeypatch.setattr("lightning_epipe.strategy.compression.auto_tuner.profile_codecs", profile_codecs)
 
 
 def book() -> CodecBook:

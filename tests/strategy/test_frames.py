@@ -1,7 +1,8 @@
 """Frame sizes on the in-memory fabric (which, like NCCL and gloo, fails a receive of another
 size than its send): payloads whose size varies by a few bytes from message to message (sort
 quantization's exact levels) travel in padded frames of one size, without a size notice each;
-a payload that changes size for good gets a frame of its own size; every payload arrives intact."""
+a smaller payload travels padded once (an epoch's last batch) and gets a frame of its own size
+when it stays smaller; every payload arrives intact."""
 
 from __future__ import annotations
 
@@ -41,15 +42,22 @@ def test_sizes_that_vary_by_a_few_bytes_share_one_padded_frame():
 
 
 def test_a_payload_that_shrinks_for_good_gets_a_frame_of_its_size():
-    frames, _ = _exchange([4000, 4000, 2000, 2000, 3900])
+    frames, _ = _exchange([4000, 4000, 2000, 2000, 2000, 3900])
     assert frames == [HEADER_NBYTES, HEADER_NBYTES + 4000, HEADER_NBYTES + 4000,  # steps 1-2
-                      HEADER_NBYTES + 4000, HEADER_NBYTES + 2000, HEADER_NBYTES + 2000,  # half the size: resized
+                      HEADER_NBYTES + 4000,  # smaller once: padded
+                      HEADER_NBYTES + 4000, HEADER_NBYTES + 2000, HEADER_NBYTES + 2000,  # smaller again: resized
                       HEADER_NBYTES + 2000, HEADER_NBYTES + 3900]  # much larger again: exact, no headroom
 
 
-@pytest.mark.parametrize(("payload", "capacity", "frame"), [
-    (0, 0, 0), (100, 0, 100), (100, 100, 100), (75, 100, 100), (74, 100, 74),
-    (101, 100, 101 + 2), (112, 100, 112 + 2), (113, 100, 113), (50, 200, 50),
+def test_a_smaller_last_batch_travels_padded():
+    frames, _ = _exchange([4000, 4000, 2000, 4000, 4000])
+    assert frames == [HEADER_NBYTES, *[HEADER_NBYTES + 4000] * 5]  # one notice, on the first step only
+
+
+@pytest.mark.parametrize(("payload", "capacity", "short_before", "frame"), [
+    (0, 0, False, 0), (100, 0, False, 100), (100, 100, False, 100), (75, 100, True, 100), (74, 100, False, 100),
+    (74, 100, True, 74), (101, 100, False, 101 + 2), (112, 100, True, 112 + 2), (113, 100, False, 113),
+    (50, 200, True, 50),
 ])
-def test_frame_capacity(payload, capacity, frame):
-    assert frame_capacity(payload, capacity) == frame
+def test_frame_capacity(payload, capacity, short_before, frame):
+    assert frame_capacity(payload, capacity, short_before) == frame

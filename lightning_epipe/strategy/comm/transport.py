@@ -6,11 +6,11 @@ per direction of a link and kind of message), each a FIFO whose order both ends 
 
 Frame sizes: both ends remember, per stream, the frame size of each message *key* (kind,
 micro-batch, tensor index), starting at a bare header. A payload that fits the remembered
-frame (:func:`frame_capacity`: no larger, and at least 3/4 of it) goes in a frame of that
-size, padded, as one message: in steady state a tensor is one message and its receive can
+frame (:func:`frame_capacity`: no larger, and at least 3/4 of it, or smaller once) goes in a
+frame of that size, padded, as one message: in steady state a tensor is one message and its receive can
 be posted before it is sent (:meth:`prepost`), even where a codec's payload varies by a few
-bytes from message to message (sort quantization's exact levels). Any other payload (the
-first step, a smaller last batch, a codec that changed) is announced by a notice of the
+bytes from message to message (sort quantization's exact levels), and an epoch's smaller last
+batch. Any other payload (the first step, one that stays smaller, a codec that changed) is announced by a notice of the
 remembered size with the ``RESIZE`` flag and the new frame's payload capacity, then sent
 on the same stream; the receiver posts the next frame of a stream only after it has read
 the one before, so a notice is never mistaken for a frame. A notice costs a whole frame
@@ -107,18 +107,22 @@ class _Posted:
     work: Any
 
 
-def frame_capacity(payload_nbytes: int, capacity: int) -> int:
+def frame_capacity(payload_nbytes: int, capacity: int, short_before: bool = False) -> int:
     """The payload capacity of the frame that carries ``payload_nbytes`` where the peer expects
     ``capacity``: ``capacity`` itself while the payload fits it and fills at least 3/4 of it
-    (no notice, a few bytes of padding); else the payload's size, with 1/64 of headroom when
-    it outgrew its frame by a little (sizes that vary stop costing a notice each).
+    (no notice, a few bytes of padding), or fits it once after a message that did fill it
+    (``short_before`` False: an epoch's smaller last batch travels padded, for what a notice
+    there and another one back would cost); else the payload's size, with 1/64 of headroom
+    when it outgrew its frame by a little (sizes that vary stop costing a notice each).
 
         >>> frame_capacity(32836, 0), frame_capacity(32856, 32836), frame_capacity(32836, 33370)
         (32836, 33370, 33370)
-        >>> frame_capacity(16384, 33370), frame_capacity(4128, 30)   # another codec, another message
-        (16384, 4128)
+        >>> frame_capacity(4128, 30)   # another message on the same key
+        4128
+        >>> frame_capacity(16384, 33370), frame_capacity(16384, 33370, short_before=True)  # a codec of half the bits
+        (33370, 16384)
     """
-    if capacity * 3 // 4 <= payload_nbytes <= capacity:
+    if capacity * 3 // 4 <= payload_nbytes <= capacity or (payload_nbytes <= capacity and not short_before):
         return capacity
     if capacity < payload_nbytes <= capacity * 9 // 8:
         return payload_nbytes + -(-payload_nbytes // 64)
@@ -168,6 +172,7 @@ class Transport:
         self.host_staged = host_staged and device.type != "cpu"
         self.wire_device = torch.device("cpu") if self.host_staged else device
         self._frame_sizes: dict[tuple[str, int, int, Key], int] = {}  # (stream, src, dst, key) -> bytes
+        self._short: set[tuple[str, int, int, Key]] = set()  # keys whose last payload filled < 3/4 of its frame
         self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
         self._pending: list[_Sent] = []
         self.rates: dict[int, TransferWindow] = {}  # peer -> the latest data transfers to it
@@ -194,7 +199,11 @@ class Transport:
             raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} {tuple(payload.shape)}")
         slot = (name, self.rank, peer, _key(header.kind, header.microbatch, header.index))
         expected = self._frame_sizes.get(slot, HEADER_NBYTES)
-        capacity = frame_capacity(size, expected - HEADER_NBYTES)
+        capacity = frame_capacity(size, expected - HEADER_NBYTES, slot in self._short)
+        if size < capacity * 3 // 4:
+            self._short.add(slot)
+        else:
+            self._short.discard(slot)
         frame = self._frame(HEADER_NBYTES + capacity, device)
         end = HEADER_NBYTES + size
         if size:
