@@ -7,13 +7,14 @@ per direction of a link and kind of message), each a FIFO whose order both ends 
 Frame sizes: both ends remember, per stream, the frame size of each message *key* (kind,
 micro-batch, tensor index), starting at a bare header. A payload that fits the remembered
 frame (:func:`frame_capacity`: no larger, and at least 3/4 of it, or smaller once) goes in a
-frame of that size, padded, as one message: in steady state a tensor is one message and its receive can
-be posted before it is sent (:meth:`prepost`), even where a codec's payload varies by a few
-bytes from message to message (sort quantization's exact levels), and an epoch's smaller last
-batch. Any other payload (the first step, one that stays smaller, a codec that changed) is announced by a notice of the
-remembered size with the ``RESIZE`` flag and the new frame's payload capacity, then sent
-on the same stream; the receiver posts the next frame of a stream only after it has read
-the one before, so a notice is never mistaken for a frame. A notice costs a whole frame
+frame of that size, padded, as one message: in steady state a tensor is one message and its
+receive can be posted before it is sent (:meth:`prepost`), even where a codec's payload
+varies by a few bytes from message to message (sort quantization's exact levels), and so
+does an epoch's smaller last batch. Any other payload (the first step, one that stays
+smaller, a codec that changed) is announced by a notice of the remembered size with the
+``RESIZE`` flag and the new frame's payload capacity, then sent on the same stream; the
+receiver posts the next frame of a stream only after it has read the one before, so a
+notice is never mistaken for a frame. A notice costs a whole frame
 of the old size on the wire, which is why a payload that grew gets 1/64 of headroom.
 
 Checksums: CRC32 of the payload, computed where the payload is in host memory (gloo);
@@ -107,6 +108,11 @@ class _Posted:
     work: Any
 
 
+def fills(payload_nbytes: int, capacity: int) -> bool:
+    """Whether a payload fills at least 3/4 of a frame's capacity (else it is *short*)."""
+    return payload_nbytes >= capacity * 3 // 4
+
+
 def frame_capacity(payload_nbytes: int, capacity: int, short_before: bool = False) -> int:
     """The payload capacity of the frame that carries ``payload_nbytes`` where the peer expects
     ``capacity``: ``capacity`` itself while the payload fits it and fills at least 3/4 of it
@@ -122,7 +128,7 @@ def frame_capacity(payload_nbytes: int, capacity: int, short_before: bool = Fals
         >>> frame_capacity(16384, 33370), frame_capacity(16384, 33370, short_before=True)  # a codec of half the bits
         (33370, 16384)
     """
-    if capacity * 3 // 4 <= payload_nbytes <= capacity or (payload_nbytes <= capacity and not short_before):
+    if payload_nbytes <= capacity and (fills(payload_nbytes, capacity) or not short_before):
         return capacity
     if capacity < payload_nbytes <= capacity * 9 // 8:
         return payload_nbytes + -(-payload_nbytes // 64)
@@ -200,10 +206,10 @@ class Transport:
         slot = (name, self.rank, peer, _key(header.kind, header.microbatch, header.index))
         expected = self._frame_sizes.get(slot, HEADER_NBYTES)
         capacity = frame_capacity(size, expected - HEADER_NBYTES, slot in self._short)
-        if size < capacity * 3 // 4:
-            self._short.add(slot)
-        else:
+        if fills(size, capacity):
             self._short.discard(slot)
+        else:
+            self._short.add(slot)
         frame = self._frame(HEADER_NBYTES + capacity, device)
         end = HEADER_NBYTES + size
         if size:
