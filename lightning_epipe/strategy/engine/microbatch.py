@@ -70,11 +70,8 @@ def join(microbatches: list[Batch]) -> Batch:
 
 
 def gather(outputs: list[Any]) -> Any:
-    """Concatenate micro-batch outputs (Tensors or tuples of Tensors) along dim 0."""
-    first = outputs[0]
-    if isinstance(first, Tensor):
-        return torch.cat(outputs)
-    return type(first)(torch.cat([o[i] for o in outputs]) for i in range(len(first)))
+    """Concatenate micro-batch outputs (Tensors or tuples of Tensors) along dim 0: :func:`join`."""
+    return join(outputs)
 
 
 def flatten(value: Any) -> tuple[list[Tensor], bool]:
