@@ -29,7 +29,7 @@ from lightning_epipe.strategy.compression.bottleneck_layers import split_bottlen
 from lightning_epipe.strategy.comm.collectives import gather_tensors
 from lightning_epipe.strategy.comm.transport import Transport
 
-__all__ = ["flatten_state", "unflatten_state", "owned_state", "gather_model_state", "gather_optimizer_state",
+__all__ = ["PipelineCheckpoint", "flatten_state", "unflatten_state", "owned_state", "gather_model_state", "gather_optimizer_state",
            "load_owned_optimizer_state", "local_extra_state", "extra_state", "rank_resume_state", "restore_rng"]
 
 
@@ -153,3 +153,38 @@ def restore_rng(mine: Optional[Mapping[str, Any]], device: torch.device) -> None
         torch.set_rng_state(mine["rng"]["cpu"])
         if "cuda" in mine["rng"] and device.type == "cuda":
             torch.cuda.set_rng_state(mine["rng"]["cuda"], device)
+
+
+class PipelineCheckpoint:
+    """One rank's side of checkpointing: what it contributes to a save, and what it takes back
+    from a loaded checkpoint (``checkpoint["epipe"]``) once the pipeline is set up."""
+
+    def __init__(self) -> None:
+        self.resume: Optional[dict[str, Any]] = None  # checkpoint["epipe"] of the loaded checkpoint
+        self.bottleneck_state: dict[str, Tensor] = {}  # split off the last gathered model state
+
+    def model_state(self, transport: Transport, world_size: int, module: nn.Module, owned: dict[str, Tensor]) -> dict[str, Any]:
+        """The plain module's full state dict on rank 0 (``{}`` elsewhere; a collective); the
+        bottlenecks are kept for ``checkpoint["epipe"]``, so the model loads without the strategy."""
+        gathered = gather_model_state(transport, world_size, module, owned)
+        if gathered is None:
+            return {}
+        model_state, self.bottleneck_state = gathered
+        return model_state
+
+    def extra_state(self, transport: Transport, world_size: int, global_rank: int, codec_state: dict[str, Any],
+                    device: torch.device, balance: list[int], placement: str,
+                    auto: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        """``checkpoint["epipe"]`` on rank 0: every rank's codec and RNG state (``None`` elsewhere; a collective)."""
+        merged = gather_tensors(transport, world_size, local_extra_state(global_rank, codec_state, device))
+        return None if merged is None else extra_state(balance, placement, merged, self.bottleneck_state, auto)
+
+    def mine(self, balance: Optional[list[int]], global_rank: int) -> Optional[dict[str, Any]]:
+        """This rank's part of the loaded checkpoint (``None``: nothing loaded, or another split)."""
+        return None if self.resume is None else rank_resume_state(self.resume, balance, global_rank)
+
+    def restore_rng(self, balance: Optional[list[int]], global_rank: int, device: torch.device) -> None:
+        """Put this rank's saved RNG state back; the loaded checkpoint is then done with."""
+        if self.resume is not None:
+            restore_rng(self.mine(balance, global_rank), device)
+            self.resume = None

@@ -42,7 +42,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -53,23 +53,24 @@ from lightning_epipe.strategy.compression.bottleneck_layers import ensure_optimi
 from lightning_epipe.strategy.engine.clipping import clip_across_stages
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.compression.codec_book import CodecBook
-from lightning_epipe.strategy.comm.collectives import broadcast_json, gather_tensors
+from lightning_epipe.strategy.comm.collectives import broadcast_json, gather_tensors, set_collective_timeout
 from lightning_epipe.strategy.config import CompressorArg, PipelineConfig
 from lightning_epipe.strategy.planning.device_memory import default_cache_limit
 from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
 from lightning_epipe.strategy.layer_ownership import release_foreign_layers
-from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync
+from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, keep_metrics_local
 from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
 from lightning_epipe.strategy.planning.partition import PipelinePlan, find_pipeline
 from lightning_epipe.strategy.planning.plan import plan_by_time, plan_for
-from lightning_epipe.strategy.engine.replicas import ReplicaLayout, average_gradients
+from lightning_epipe.strategy.engine.after_backward import finish_backward
+from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.server_data import ServerBatches
 from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step
-from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, has_step_broadcast, quiet_sigterm_handler
+from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, install_sigterm_handling
 from lightning_epipe.strategy.engine.stats import PipelineStats
-from lightning_epipe.strategy.comm.stream_groups import StreamGroups, create_stream_groups
+from lightning_epipe.strategy.comm.stream_groups import StreamGroups, create_stream_groups, create_transports
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.compression.auto_tuner import AutoTuner
 from lightning_epipe.strategy.comm.wire import Command
@@ -79,28 +80,6 @@ __all__ = ["EPipeStrategy"]
 log = logging.getLogger(__name__)
 
 _RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
-
-
-def _set_collective_timeout(timeout: timedelta) -> None:
-    if hasattr(dist, "set_timeout"):
-        dist.set_timeout(timeout)
-    else:  # torch < 2.6
-        from torch.distributed.distributed_c10d import _set_pg_timeout
-
-        _set_pg_timeout(timeout)
-
-
-def _not_distributed() -> bool:
-    return False
-
-
-def _keep_metrics_local(module: nn.Module) -> None:
-    """torchmetrics would all-gather states over every rank; only the client updates them."""
-    from torchmetrics import Metric
-
-    for m in module.modules():
-        if isinstance(m, Metric):
-            m.distributed_available_fn = _not_distributed
 
 
 class EPipeStrategy(ParallelStrategy):
@@ -217,9 +196,8 @@ class EPipeStrategy(ParallelStrategy):
         self._pipeline: Optional[nn.Sequential] = None
         self._pipeline_attr: Optional[str] = None
         self._bottlenecks: dict[int, BottleneckPair] = {}
-        self._bottleneck_state: dict[str, Tensor] = {}
         self._failed = False
-        self._resume_state: Optional[dict[str, Any]] = None
+        self._checkpoint = ckpt.PipelineCheckpoint()
         self._client_backup: dict[str, Tensor] = {}
         self._skip_backward = False
         self._stash = GradientStash()
@@ -355,7 +333,7 @@ class EPipeStrategy(ParallelStrategy):
         timeout = self.config.timeout
         _init_dist_connection(self.cluster_environment, self._backend, timeout=max(timeout, _RENDEZVOUS_TIMEOUT))
         if timeout < _RENDEZVOUS_TIMEOUT:
-            _set_collective_timeout(timeout)
+            set_collective_timeout(timeout)
         layout = self.layout
         if self._stream_groups is None:  # once per process: fit and a later test share them
             # every rank creates every group, in the same order
@@ -397,12 +375,12 @@ class EPipeStrategy(ParallelStrategy):
             self._codecs = None
         if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
             self._codecs = self.config.codec_book(plan.num_cuts)
-        saved = (self._resume_state or {}).get("bottlenecks")
+        saved = (self._checkpoint.resume or {}).get("bottlenecks")
         self._bottlenecks = install_bottlenecks(
             module, layers, plan, self._codecs.bottlenecks(), self.global_rank, self.root_device, saved
         )  # built on global rank 0, broadcast to every replica
         self._client_backup = release_foreign_layers(module, layers, plan, self.pipeline_rank, self._bottlenecks) or {}
-        _keep_metrics_local(module)
+        keep_metrics_local(module)
         # one replica: epoch-level logging has nothing to sync across ranks
         warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level.*")
         self.model = self.precision_plugin.convert_module(self.model)
@@ -416,47 +394,26 @@ class EPipeStrategy(ParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
         if self._pipe_transport is None:  # kept across fit/validate/test: receives may be posted ahead
-            self._create_transports()
+            self._transport, self._pipe_transport = create_transports(
+                self.layout, self.global_rank, self.root_device, *self._stream_groups, self.config.timeout,
+                self.config.verify_checksum, self.stats, self._backend)
             if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
         self._runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, self._codecs, self.stats,
                                         self.config.nonfinite, self.config.checkpoint, self._bottlenecks)
-        if self._resume_state is not None:
-            self._restore_codec_state(self._resume_state)
+        if self._checkpoint.resume is not None:
+            self._restore_codec_state()
         if self.is_client:
             layers.forward = self._pipelined_forward  # type: ignore[method-assign]
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
                            lambda: self.lightning_module.automatic_optimization)
-        self._install_sigterm_handling(trainer)
+        # no barrier at every step boundary; SIGTERM stops every rank on the same step
+        self._sigterm_broadcast = install_sigterm_handling(trainer, self.root_device, self.config.timeout,
+                                                           trainer.state.fn == TrainerFn.FITTING)
         if not any(isinstance(cb, CallbackMetricsSync) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, CallbackMetricsSync(self.root_device))
         if self.is_client:
             log.info("EPipeStrategy plan: balance=%s ranks=%s codecs=%s", plan.balance, plan.stage_ranks, self.compressor_description())
-
-    def _install_sigterm_handling(self, trainer: Trainer) -> None:
-        """No barrier at every step boundary, and SIGTERM stops every rank on the same step (sigterm_broadcast.py)."""
-        if trainer.state.fn == TrainerFn.FITTING and self.global_rank == 0:
-            broadcast = AsyncSigtermBroadcast(trainer, self.root_device, self.config.timeout)
-            self._sigterm_broadcast = broadcast if broadcast.install() else None
-        connector = trainer._signal_connector
-        if self._sigterm_broadcast is not None:
-            record = self._sigterm_broadcast.record
-        elif self.global_rank != 0 and has_step_broadcast(trainer):
-            record = None  # rank 0's broadcast decides
-        else:
-            record = lambda: setattr(connector, "received_sigterm", True)  # noqa: E731 - Lightning's own flag
-        quiet_sigterm_handler(trainer, record)
-
-    def _create_transports(self) -> None:
-        groups, control = self._stream_groups
-        host, config = torch.device("cpu"), self.config
-        self._transport = Transport(self.global_rank, self.root_device, config.timeout, config.verify_checksum, self.stats,
-                                    control_group=control, control_device=host)
-        self._pipe_transport = Transport(
-            self.pipeline_rank, self.root_device, config.timeout, config.verify_checksum, self.stats,
-            offset=self.layout.offset(self.global_rank), groups=groups, control_group=control, control_device=host,
-            host_staged=self._backend == "gloo",  # gloo carries host memory only
-        )
 
     @override
     def model_to_device(self) -> None:
@@ -559,26 +516,9 @@ class EPipeStrategy(ParallelStrategy):
         return closure_loss
 
     def _after_backward(self) -> None:
-        """Drop the step's gradients everywhere if NaN/Inf crossed a cut (``nonfinite="skip"``),
-        else average them over the replicas of this rank's stages."""
-        if self._agree_on_nonfinite():
-            return
-        if self._stage_groups:
-            params = [p for p in self.lightning_module.parameters() if not p.is_meta]
-            average_gradients(params, self._stage_groups[self.pipeline_rank], self.replicas)
-
-    def _agree_on_nonfinite(self) -> bool:
-        """``nonfinite="skip"``: if any rank sent NaN/Inf this step, every rank drops its gradients (True)."""
-        if self.config.nonfinite != "skip":
-            return False
-        flag = torch.tensor([float(self.runtime.nonfinite_seen)], device=self.root_device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() > 0:
-            for p in self.lightning_module.parameters():
-                p.grad = None
-            rank_zero_warn(f"EPipeStrategy: NaN/Inf crossed a cut at step {self.runtime.step}; the step was skipped")
-            return True
-        return False
+        runtime, group = self.runtime, self._stage_groups[self.pipeline_rank] if self._stage_groups else None
+        finish_backward(self.lightning_module, self.config.nonfinite, runtime.nonfinite_seen, runtime.step,
+                        self.root_device, group, self.replicas)
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
@@ -630,12 +570,7 @@ class EPipeStrategy(ParallelStrategy):
         """The full state dict on rank 0 (every stage's weights gathered), ``{}`` elsewhere."""
         if self._runtime is None:
             return self.lightning_module.state_dict()
-        gathered = ckpt.gather_model_state(self._transport, self.world_size, self.lightning_module, self._owned_state())
-        if gathered is None:
-            return {}
-        # the bottlenecks go to checkpoint["epipe"], so that the plain model loads without the strategy
-        model_state, self._bottleneck_state = gathered
-        return model_state
+        return self._checkpoint.model_state(self._transport, self.world_size, self.lightning_module, self._owned_state())
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
@@ -659,26 +594,21 @@ class EPipeStrategy(ParallelStrategy):
         """Codec stream state and RNG state of every rank, keyed by rank (rank 0 only)."""
         if self._runtime is None:
             return None
-        local = ckpt.local_extra_state(self.global_rank, self._codecs.state_dict(), self.root_device)
-        merged = gather_tensors(self._transport, self.world_size, local)
-        if merged is None:
-            return None
-        return ckpt.extra_state(list(self.plan.balance), self.placement, merged, self._bottleneck_state,
-                                None if self._tuner is None else self._tuner.state_dict())
+        return self._checkpoint.extra_state(self._transport, self.world_size, self.global_rank, self._codecs.state_dict(),
+                                            self.root_device, list(self.plan.balance), self.placement,
+                                            None if self._tuner is None else self._tuner.state_dict())
 
     @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: Optional[bool] = None) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        self._resume_state = checkpoint.get("epipe")
+        self._checkpoint.resume = checkpoint.get("epipe")
         return checkpoint
 
-    def _my_resume_state(self, state: dict[str, Any]) -> Optional[dict[str, Any]]:
-        return ckpt.rank_resume_state(state, None if self._plan is None else list(self._plan.balance), self.global_rank)
-
-    def _restore_codec_state(self, state: dict[str, Any]) -> None:
-        if self._tuner is not None and "auto" in state:  # the codecs in force first, then their streams' state
-            self._tuner.load_state_dict(state["auto"], self._codecs)
-        mine = self._my_resume_state(state)
+    def _restore_codec_state(self) -> None:
+        resume = self._checkpoint.resume
+        if self._tuner is not None and "auto" in resume:  # the codecs in force first, then their streams' state
+            self._tuner.load_state_dict(resume["auto"], self._codecs)
+        mine = self._checkpoint.mine(list(self.plan.balance), self.global_rank)
         if mine and mine.get("codecs"):
             self._codecs.load_state_dict(mine["codecs"])
 
@@ -694,9 +624,7 @@ class EPipeStrategy(ParallelStrategy):
 
     @override
     def on_train_start(self) -> None:
-        if self._resume_state is not None:
-            ckpt.restore_rng(self._my_resume_state(self._resume_state), self.root_device)
-            self._resume_state = None
+        self._checkpoint.restore_rng(None if self._plan is None else list(self._plan.balance), self.global_rank, self.root_device)
 
     # ------------------------------------------------------------------ teardown
 

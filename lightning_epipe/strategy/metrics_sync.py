@@ -15,7 +15,20 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from lightning_epipe.strategy.comm.collectives import broadcast_json
 
-__all__ = ["CallbackMetricsSync"]
+
+def _not_distributed() -> bool:
+    return False
+
+
+def keep_metrics_local(module: torch.nn.Module) -> None:
+    """torchmetrics would all-gather states over every rank; only the client updates them."""
+    from torchmetrics import Metric
+
+    for m in module.modules():
+        if isinstance(m, Metric):
+            m.distributed_available_fn = _not_distributed
+
+__all__ = ["CallbackMetricsSync", "keep_metrics_local"]
 
 
 class CallbackMetricsSync(Callback):

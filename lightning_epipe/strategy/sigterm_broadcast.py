@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-__all__ = ["AsyncSigtermBroadcast", "quiet_sigterm_handler", "has_step_broadcast"]
+__all__ = ["AsyncSigtermBroadcast", "quiet_sigterm_handler", "has_step_broadcast", "install_sigterm_handling"]
 
 _METHOD = "_broadcast_sigterm_tensor"
 log = logging.getLogger(__name__)
@@ -109,3 +109,24 @@ class AsyncSigtermBroadcast:
             with contextlib.suppress(Exception):
                 dist.barrier()
             raise SIGTERMException()
+
+
+def install_sigterm_handling(trainer: Any, device: torch.device, timeout: timedelta, fitting: bool) -> Optional[AsyncSigtermBroadcast]:
+    """No barrier at every step boundary, and SIGTERM that stops every rank on the same step.
+
+    Returns rank 0's :class:`AsyncSigtermBroadcast` while fitting (``None`` elsewhere, or where
+    this Lightning has no per-step broadcast); give it back with ``uninstall`` at teardown.
+    """
+    broadcast = None
+    if fitting and trainer.global_rank == 0:
+        candidate = AsyncSigtermBroadcast(trainer, device, timeout)
+        broadcast = candidate if candidate.install() else None
+    connector = trainer._signal_connector
+    if broadcast is not None:
+        record: Optional[Callable[[], None]] = broadcast.record
+    elif trainer.global_rank != 0 and has_step_broadcast(trainer):
+        record = None  # rank 0's broadcast decides
+    else:
+        record = lambda: setattr(connector, "received_sigterm", True)  # noqa: E731 - Lightning's own flag
+    quiet_sigterm_handler(trainer, record)
+    return broadcast

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from typing import Any, Optional
 
 import torch
@@ -20,12 +21,22 @@ from lightning_epipe.strategy.engine.timing import synchronize
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import Header, Kind, WireError
 
-__all__ = ["broadcast_json", "gather_tensors", "probe_bandwidth", "json_to_bytes", "bytes_to_json"]
+__all__ = ["broadcast_json", "gather_tensors", "probe_bandwidth", "json_to_bytes", "bytes_to_json", "set_collective_timeout"]
 
 _DTYPES = {str(d): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
 )}
+
+
+def set_collective_timeout(timeout: timedelta) -> None:
+    """Bound every later collective of the default process group by ``timeout``."""
+    if hasattr(dist, "set_timeout"):
+        dist.set_timeout(timeout)
+    else:  # torch < 2.6
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        _set_pg_timeout(timeout)
 
 
 def json_to_bytes(value: Any) -> Tensor:
