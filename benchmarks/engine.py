@@ -11,7 +11,9 @@ Both read each batch as one slice of in-memory tensors (``models.loader``; no pe
 collation), and neither logs; EPipe runs its monitor, as a user would.
 Every cell runs EPipe, then torch's ``ScheduleGPipe`` (``Schedule1F1B`` for 1F1B) right after
 it, and the repetitions go round the whole grid, so each ratio compares runs made side by
-side. Reported: the median samples/s of each over the repetitions, the median of the
+side. A run's throughput is that of its median timed step (a step that a burst of other
+load slowed moves it less than the mean; the mean is kept in the JSON as ``*_span``).
+Reported: the median samples/s of each over the repetitions, the median of the
 per-repetition ratios and their spread (min-max), and the efficiency: samples/s over K
 times one process's (the whole model in one Lightning process), next to the ideal
 ``m / (m + K - 1)`` scaled by the split's balance (8 / (K x the largest stage)).
@@ -42,6 +44,8 @@ from benchmarks.common import (  # noqa: E402
 from lightning_epipe.strategy.engine.schedule import ideal_efficiency  # noqa: E402
 
 SPLITS = {2: [5, 3], 3: [3, 3, 2]}
+#: the grid's throughput: samples/s of a run's median step (its mean over the timed span is kept as ``*_span``)
+RATE = "median_step_samples_per_s"
 BATCH = 256
 SLOW_CODECS = {"none": {"compressor": "none"}, "sortquant-8": {"compressor": "sortquant", "bits": 8},
                "lloydmax-4": {"compressor": "lloydmax", "bits": 4}}
@@ -71,24 +75,25 @@ def base(cell: dict, steps: int) -> dict:
 
 
 def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
-    rows = [dict(cell, epipe=[], torch=[], errors=[]) for cell in grid]
+    rows = [dict(cell, epipe=[], torch=[], epipe_span=[], torch_span=[], errors=[]) for cell in grid]
     singles: dict[int, list[float]] = {}
     for rep in range(repeats):
         for width in sorted({c["width"] for c in grid}):
             single = run({**base(dict(stages=2, width=width, chunks=1), steps), "kind": "single", "devices": 1})
-            if single.get("samples_per_s"):
-                singles.setdefault(width, []).append(single["samples_per_s"])
+            if single.get(RATE):
+                singles.setdefault(width, []).append(single[RATE])
         for row in rows:
             cfg = base(row, steps)
             mine = run({**cfg, "kind": "epipe", "strategy": {"schedule": row["schedule"], "verify_checksum": row["checksum"]}})
             peer = run({**cfg, "kind": "pipelining", "schedule": row["schedule"]})
             for name, result in (("epipe", mine), ("torch", peer)):
-                if result.get("samples_per_s"):
-                    row[name].append(result["samples_per_s"])
+                if result.get(RATE):
+                    row[name].append(result[RATE])
+                    row[f"{name}_span"].append(result["samples_per_s"])
                 else:
                     row["errors"].append(f"{name}: {result.get('error')}")
             print(f"  rep {rep + 1} K={row['stages']} w={row['width']} m={row['chunks']} {row['schedule']}:"
-                  f" epipe {mine.get('samples_per_s') or mine.get('error')}, torch {peer.get('samples_per_s') or peer.get('error')}",
+                  f" epipe {mine.get(RATE) or mine.get('error')}, torch {peer.get(RATE) or peer.get('error')}",
                   flush=True)
     for row in rows:
         row["single"] = singles.get(row["width"], [])
@@ -184,7 +189,7 @@ def main() -> None:
     parser.add_argument("--no-checksum", nargs="*", type=int, default=[128, 1024],
                         help="widths also run with verify_checksum=False (K=2, the most chunks)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--slow-link", action="store_true", help="the shaped-link table instead of the grid")
     parser.add_argument("--rates", nargs="+", type=float, default=[20, 100])
     parser.add_argument("--out", default=None, help="file name under benchmarks/results")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -120,6 +121,20 @@ def samples_per_second(times: list[float], warmup: int, batch: int) -> float:
     return (len(times) - 1 - warmup) * batch / (times[-1] - times[warmup])
 
 
+def median_step_rate(times: list[float], warmup: int, batch: int) -> float:
+    """Samples/s of the median step after ``warmup``: a step that another job's burst of load
+    slowed moves it less than it moves the mean."""
+    if len(times) <= warmup + 1:
+        raise ValueError(f"need more than warmup+1={warmup + 1} steps, got {len(times)}")
+    return batch / statistics.median(b - a for a, b in zip(times[warmup:], times[warmup + 1:]))
+
+
+def rates(times: list[float], warmup: int, batch: int) -> dict:
+    """The result's throughput fields: over the whole timed span, and of the median step."""
+    return {"samples_per_s": samples_per_second(times, warmup, batch),
+            "median_step_samples_per_s": median_step_rate(times, warmup, batch), "steps": len(times)}
+
+
 def _trainer(cfg: dict, strategy, devices: int, callbacks: list, **extra) -> L.Trainer:
     return L.Trainer(
         accelerator="cpu", devices=devices, strategy=strategy, callbacks=callbacks, logger=False,
@@ -165,7 +180,7 @@ def run_lightning(cfg: dict) -> dict | None:
     trainer.fit(StackRegressor(layers), loader(data, batch, *shard))
     if not trainer.is_global_zero:
         return None
-    result = {"samples_per_s": samples_per_second(timer.times, cfg["warmup"], batch), "steps": len(timer.times)}
+    result = rates(timer.times, cfg["warmup"], batch)
     if monitor is not None:
         s = monitor.summary()
         result.update(ratio=s["ratio"], bytes=s["bytes"], bubble=s["bubble"],
@@ -235,7 +250,7 @@ def run_pipelining(cfg: dict) -> dict | None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    return {"samples_per_s": samples_per_second(times, cfg["warmup"], batch), "steps": len(times)} if rank == 0 else None
+    return rates(times, cfg["warmup"], batch) if rank == 0 else None
 
 
 KINDS = {"epipe": run_lightning, "ddp": run_lightning, "single": run_lightning,

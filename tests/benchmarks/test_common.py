@@ -8,7 +8,7 @@ from benchmarks.codecs import CODECS
 from benchmarks.common import markdown_table, fmt
 from benchmarks.models import StackRegressor, build_layers, make_data
 from benchmarks.slow_link import break_even, speedups
-from benchmarks.worker import samples_per_second
+from benchmarks.worker import median_step_rate, samples_per_second
 
 
 def test_samples_per_second_skips_warmup():
@@ -47,3 +47,9 @@ def test_codec_labels_are_strategy_arguments():
 
     for codec in CODECS.values():
         EPipeStrategy(chunks=2, **codec)
+
+
+def test_median_step_rate_ignores_one_slow_step():
+    times = [0.0, 1.0, 1.5, 2.0, 4.5, 5.0]  # after warmup 1: steps of 0.5, 0.5, 2.5, 0.5 s
+    assert median_step_rate(times, warmup=1, batch=8) == pytest.approx(8 / 0.5)
+    assert samples_per_second(times, warmup=1, batch=8) == pytest.approx(4 * 8 / 4.0)
