@@ -52,8 +52,7 @@ def test_predicted_seconds_is_encode_plus_transfer_plus_decode():
 
 
 def test_slow_link_picks_a_low_ratio_codec_within_budget():
-    choice = choose_codec(PROFILES, RAW, 50 * MB, ACTIVATION_ERROR_BUDGET, cut=0,
-                          direction="activation")
+    choice = choose_codec(PROFILES, RAW, 50 * MB, 0.02, cut=0, direction="activation")
     # lloydmax-4 and topk are smaller but over 0.02; quantize-8 beats sortquant-8 on encode.
     assert choice.label == "quantize(bits=8)" and choice.name == "quantize"
     assert choice.kwargs == {"bits": 8}
@@ -70,8 +69,7 @@ def test_slow_link_picks_a_low_ratio_codec_within_budget():
 
 
 def test_a_larger_budget_admits_smaller_codecs():
-    gradient = choose_codec(PROFILES, RAW, 50 * MB, GRADIENT_ERROR_BUDGET, cut=1,
-                            direction="gradient")
+    gradient = choose_codec(PROFILES, RAW, 50 * MB, 0.1, cut=1, direction="gradient")
     assert gradient.label == "lloydmax(bits=4)"
     anything = choose_codec(PROFILES, RAW, 50 * MB, 1.0, cut=1, direction="gradient")
     assert anything.label.startswith("topk")
@@ -150,13 +148,14 @@ def test_bad_input_raises(kwargs, match):
 
 def test_choose_all_per_cut_and_direction():
     measurements = [
-        LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES),
+        LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, error_budget=0.02),
         LinkMeasurement(0, "gradient", RAW, 50 * MB, PROFILES),
         LinkMeasurement(1, "activation", RAW, math.inf, PROFILES),
         LinkMeasurement(1, "gradient", RAW, 50 * MB, PROFILES, error_budget=0.0),
     ]
-    assert measurements[0].budget == ACTIVATION_ERROR_BUDGET
+    assert measurements[0].budget == 0.02
     assert measurements[1].budget == GRADIENT_ERROR_BUDGET == default_error_budget("gradient")
+    assert LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES).budget == ACTIVATION_ERROR_BUDGET
     assert isinstance(measurements[0].profiles, tuple)
     choices = choose_all(measurements)
     assert [(c.cut, c.direction, c.label) for c in choices] == [
@@ -184,7 +183,7 @@ def test_measurement_validates_on_construction():
 
 
 def test_json_round_trip():
-    choices = choose_all([LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES),
+    choices = choose_all([LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, error_budget=0.02),
                           LinkMeasurement(3, "gradient", RAW, 7 * MB, PROFILES)])
     data = choices_to_json(choices)
     assert all(isinstance(entry, dict) for entry in data)
@@ -241,10 +240,14 @@ def test_needs_retune_bad_input(args, match):
         needs_retune(*args)
 
 
-def test_default_budgets_separate_8_bit_from_4_bit_sortquant():
-    # The report: 8-bit codecs (error <~0.015) keep accuracy, 4-bit sortquant (~0.1+) fails.
-    assert 0.015 < ACTIVATION_ERROR_BUDGET < 0.1
-    assert ACTIVATION_ERROR_BUDGET < GRADIENT_ERROR_BUDGET
+@pytest.mark.parametrize("budget", [ACTIVATION_ERROR_BUDGET, GRADIENT_ERROR_BUDGET])
+def test_default_budgets_admit_accurate_4_bit_codes_and_keep_out_the_ones_that_failed(budget):
+    # Measured on MiniLM's hidden states (benchmarks/results/docstrings_seeds.json): within
+    # 0.3 points of uncompressed at <= 0.136-0.162 (lloydmax 4 on the first layers, hadamard 4
+    # 0.095); 2.2-3.8 points lost by 4-bit uniform codes at 0.47-0.63.
+    assert 0.136 <= budget < 0.47
+    default = choose_codec(PROFILES, RAW, 50 * MB, budget, cut=0, direction="activation")
+    assert default.label == "lloydmax(bits=4)"  # error 0.05: in; topk (0.6): out
 
 
 # -- cost model: transfers hide behind compute ------------------------------------------------
@@ -274,13 +277,13 @@ def test_partly_hidden_transfer_still_pays_for_compression():
     assert choice.label == "fp16" and choice.seconds == pytest.approx(5e-4)
     assert choice.baseline_seconds == pytest.approx(3e-5 + 1.001 * 0.08 - 0.06)
     assert LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, hidden_s=0.06).hidden_s == 0.06
-    assert choose_all([LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, hidden_s=0.06)])[0] == choice
+    assert choose_all([LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, hidden_s=0.06, error_budget=0.02)])[0] == choice
     with pytest.raises(ValueError, match="hidden_s"):
         LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, hidden_s=-1.0)
 
 
 def test_a_choice_records_its_ratio_and_bandwidth_through_json():
-    (fast, unlimited) = choose_all([LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES),
+    (fast, unlimited) = choose_all([LinkMeasurement(0, "activation", RAW, 50 * MB, PROFILES, error_budget=0.02),
                                     LinkMeasurement(1, "gradient", RAW, math.inf, PROFILES)])
     assert (fast.ratio, fast.bandwidth) == (0.251, 50 * MB)
     assert unlimited.bandwidth == math.inf

@@ -77,15 +77,18 @@ __all__ = [
 
 DIRECTIONS = ("activation", "gradient")
 
-# Default budgets on the relative L2 error ||y - x|| / ||x|| of one message. Activations:
-# the 8-bit codecs (quantize 8 ~0.003-0.009, sortquant 8 ~0.008-0.015, lloydmax 8 ~0.004,
-# see benchmarks/README.md section 5) kept test accuracy equal to uncompressed in the
-# accuracy report, while sortquant at 4 bits (~0.1-0.17) and below, topk 10% (~0.6) and
-# powersgd rank 4 (~0.8) lost accuracy or collapsed: 0.02 admits the first group and
-# excludes the second. Gradients tolerate more (SGD averages their noise over steps and
-# micro-batches; 8-bit codecs already measure ~0.05 on real gradients), so 0.1.
-ACTIVATION_ERROR_BUDGET = 0.02
-GRADIENT_ERROR_BUDGET = 0.1
+# Default budgets on the relative L2 error ||y - x|| / ||x|| of one message, from training
+# runs (benchmarks/README.md sections 3, 6 and 10). On a pretrained MiniLM's hidden states
+# (3 seeds, every message of both directions compressed), codecs whose activation error was
+# <= 0.16 kept accuracy within 0.3 points of uncompressed (sortquant 8 ~0.04, hadamard 4
+# ~0.095, lloydmax 4 0.136-0.162), while the 4-bit uniform codes, 0.47-0.63 on those
+# outlier-heavy states, lost 2.2-3.8 points; on the digits MLP 4-bit codes trained like
+# uncompressed. On a ReLU MLP's activations and gradients lloydmax 4 measures ~0.05 and
+# ~0.12, the 4-bit uniform codes ~0.08-0.16 and ~0.22. 0.15 admits 4-bit Lloyd-Max where it
+# is that accurate and keeps out any codec as lossy as the 4-bit codes that failed; a codec
+# is judged on the link's own tensors, so the same codec may pass on one cut and not another.
+ACTIVATION_ERROR_BUDGET = 0.15
+GRADIENT_ERROR_BUDGET = 0.15
 
 #: Predicted times within this relative distance are a tie (broken toward lower error).
 TIE_RTOL = 1e-9
