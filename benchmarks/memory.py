@@ -6,7 +6,7 @@
 EPipe (chain placement, one stage per process) on the balanced MLP, uncompressed. For every
 rank: the peak bytes of the activations autograd keeps for backward during a step
 (``SavedMemory`` in ``worker.py``: ``saved_tensors_hooks``, each storage counted once, the
-weights that Linear layers also save left out) and the
+weights that Linear layers also save and the batch itself left out) and the
 process's peak RSS; with ``checkpoint="never"``, ``"except_last"`` and ``"always"``
 (torchgpipe's recomputation policies), and ``schedule="1f1b"``. GPipe keeps every
 micro-batch's activations until its backward, so the peak grows with the batch, not with
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import axes, finish, fmt, markdown_table, run, write_json  # noqa: E402
+from benchmarks.common import axes, finish, fmt, load_average, markdown_table, run, write_json  # noqa: E402
 
 #: label -> EPipeStrategy arguments: GPipe with torchgpipe's recomputation policies, and 1F1B
 POLICIES = {
@@ -82,8 +82,9 @@ def main() -> None:
     steps = 12 if args.full else 6
     base = dict(model="mlp", devices=args.devices, batch=args.batch, steps=steps, warmup=2, full=args.full,
                 placement="chain", timeout=600)
+    load_before = load_average()
     rows = measure(base, args.chunks or [2, 4, 8])
-    write_json("memory.json", rows)
+    write_json("memory.json", {"load_before": load_before, "load_after": load_average(), "rows": rows, "table": table(rows)})
     print(table(rows))
     print("plot:", plot(rows))
 

@@ -53,14 +53,14 @@ class StepTimer(L.Callback):
 class SavedMemory(L.Callback):
     """Per rank: the peak bytes of activations autograd keeps for backward during a training
     step (``torch.autograd.graph.saved_tensors_hooks``, storages counted once, the weights
-    that layers also save left out), and the process's peak RSS. What recomputation trades: saved tensors inside a checkpointed stage are not
+    that layers also save and the batch itself left out), and the process's peak RSS. What recomputation trades: saved tensors inside a checkpointed stage are not
     kept (recomputed in backward), so they do not count. Rank 0 gathers every rank's pair."""
 
     def __init__(self) -> None:
         self.live = self.peak = 0
         self._counted: dict[int, int] = {}  # storage pointer -> references alive
         self._hooks = None
-        self._weights: set[int] = set()  # storages of parameters: saved too, but not activations
+        self._weights: set[int] = set()  # storages of parameters and of the batch: saved too, but not activations
         self.ranks: list[dict] = []
 
     def _pack(self, t: torch.Tensor):
@@ -80,7 +80,10 @@ class SavedMemory(L.Callback):
             self.live -= nbytes
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._weights = {p.untyped_storage().data_ptr() for p in pl_module.parameters() if not p.is_meta}
+        # the batch is data, not activations: a slice of the in-memory data set (``models.loader``)
+        # would otherwise count as its whole storage
+        data = [t for t in (batch if isinstance(batch, (list, tuple)) else [batch]) if isinstance(t, torch.Tensor)]
+        self._weights = {t.untyped_storage().data_ptr() for t in [*pl_module.parameters(), *data] if not t.is_meta}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda saved: saved.tensor)
         self._hooks.__enter__()
 
