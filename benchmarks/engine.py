@@ -11,10 +11,9 @@ Both read each batch as one slice of in-memory tensors (``models.loader``; no pe
 collation), and neither logs; EPipe runs its monitor, as a user would.
 Every cell runs EPipe, then torch's ``ScheduleGPipe`` (``Schedule1F1B`` for 1F1B) right after
 it, and the repetitions go round the whole grid, so each ratio compares runs made side by
-side. A run's throughput is that of its median timed step (a step that a burst of other
-load slowed moves it less than the mean; the mean is kept in the JSON as ``*_span``).
-Reported: the median samples/s of each over the repetitions, the median of the
-per-repetition ratios and their spread (min-max), and the efficiency: samples/s over K
+side. A run's throughput is its samples over the timed span (the rate of its median step
+is kept in the JSON as ``*_median_step``). Reported: the median samples/s of each over the
+repetitions, the median of the per-repetition ratios and their spread (min-max), and the efficiency: samples/s over K
 times one process's (the whole model in one Lightning process), next to the ideal
 ``m / (m + K - 1)`` scaled by the split's balance (8 / (K x the largest stage)).
 
@@ -44,8 +43,9 @@ from benchmarks.common import (  # noqa: E402
 from lightning_epipe.strategy.engine.schedule import ideal_efficiency  # noqa: E402
 
 SPLITS = {2: [5, 3], 3: [3, 3, 2]}
-#: the grid's throughput: samples/s of a run's median step (its mean over the timed span is kept as ``*_span``)
-RATE = "median_step_samples_per_s"
+#: the grid's throughput: samples over the timed span (the median step's rate is kept as ``*_median_step``:
+#: a pipelined loop's steps need not take equal times, so the median step is no throughput)
+RATE = "samples_per_s"
 BATCH = 256
 SLOW_CODECS = {"none": {"compressor": "none"}, "sortquant-8": {"compressor": "sortquant", "bits": 8},
                "lloydmax-4": {"compressor": "lloydmax", "bits": 4}}
@@ -75,7 +75,7 @@ def base(cell: dict, steps: int) -> dict:
 
 
 def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
-    rows = [dict(cell, epipe=[], torch=[], epipe_span=[], torch_span=[], errors=[]) for cell in grid]
+    rows = [dict(cell, epipe=[], torch=[], epipe_median_step=[], torch_median_step=[], errors=[]) for cell in grid]
     singles: dict[int, list[float]] = {}
     for rep in range(repeats):
         for width in sorted({c["width"] for c in grid}):
@@ -89,7 +89,7 @@ def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
             for name, result in (("epipe", mine), ("torch", peer)):
                 if result.get(RATE):
                     row[name].append(result[RATE])
-                    row[f"{name}_span"].append(result["samples_per_s"])
+                    row[f"{name}_median_step"].append(result["median_step_samples_per_s"])
                 else:
                     row["errors"].append(f"{name}: {result.get('error')}")
             print(f"  rep {rep + 1} K={row['stages']} w={row['width']} m={row['chunks']} {row['schedule']}:"
