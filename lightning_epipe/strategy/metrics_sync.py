@@ -15,6 +15,8 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from lightning_epipe.strategy.comm.collectives import broadcast_json
 
+__all__ = ["CallbackMetricsSync", "keep_metrics_local"]
+
 
 def _not_distributed() -> bool:
     return False
@@ -27,8 +29,6 @@ def keep_metrics_local(module: torch.nn.Module) -> None:
     for m in module.modules():
         if isinstance(m, Metric):
             m.distributed_available_fn = _not_distributed
-
-__all__ = ["CallbackMetricsSync", "keep_metrics_local"]
 
 
 class CallbackMetricsSync(Callback):
