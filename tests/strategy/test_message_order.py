@@ -42,6 +42,17 @@ def test_every_layout_drains_under_gloo_rules(placement, size, schedule):
         _check_weights(trained, plan, batches, 1)
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("placement", "size"), LAYOUTS)
+def test_every_rank_closes_its_step(placement, size, schedule):
+    """Each step ends with no autograd hook and no send left open on any rank: a hook kept past
+    its step keeps its received activation and gradient alive (a leak of every step's), and a
+    send its frame. Under chain GPipe the client holds only the last stage, whose gradients all
+    leave from autograd hooks, so its backward has no task of its own left to run."""
+    _, fabric, _, _ = run_threaded(placement, size, schedule, 4, steps=3, rule="gloo")
+    assert fabric.open_ends == {rank: [(0, 0)] * 3 for rank in range(size)}
+
+
 def test_a_small_last_batch_resizes_its_frames():
     """Rows not divisible by chunks, and a later step with other shapes: frames announce their new size."""
     trained, fabric, plan, batches = run_threaded("client-server", 2, "gpipe", 5, rows=13, steps=3)

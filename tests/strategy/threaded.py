@@ -66,7 +66,8 @@ def _sgd(module: nn.Module) -> None:
                 p.grad = None
 
 
-def _client(runtime: PipelineRuntime, stages: nn.Module, batches, chunks: int, schedule: str) -> None:
+def _client(runtime: PipelineRuntime, stages: nn.Module, batches, chunks: int, schedule: str,
+            open_ends: list[tuple[int, int]]) -> None:
     for x, y in batches:
         microbatches, targets = scatter(x, chunks), scatter(y, chunks)
         runtime.begin_step(len(microbatches))
@@ -77,11 +78,13 @@ def _client(runtime: PipelineRuntime, stages: nn.Module, batches, chunks: int, s
                 return F.cross_entropy(out, targets[i]) * (batch_size(targets[i]) / batch_size(y))
             runtime.run_1f1b(microbatches, loss_of)
             runtime.command(Command.FINISH_STEP)
+            runtime.backward()  # as EPipeStrategy.backward does: nothing left but to close the step
         else:  # training_step returns the loss (FINISH_STEP), then Lightning calls strategy.backward
             loss = F.cross_entropy(torch.cat(runtime.forward(microbatches)), y)
             runtime.command(Command.FINISH_STEP)
             loss.backward()
             runtime.backward()
+        open_ends.append(runtime.open_ends)
         _sgd(stages)
 
 
@@ -89,20 +92,22 @@ def _no_optimizer_step(index: int) -> None:
     raise AssertionError("automatic optimization sends no OPTIMIZER_STEP")
 
 
-def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int) -> None:
+def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int, open_ends: list[tuple[int, int]]) -> None:
     """The strategy's own server loop; Lightning's part (backward, optimizer step) done by hand."""
     hooks = ServerHooks(after_backward=lambda: None, optimizer_step=_no_optimizer_step,
                         set_gradients_aside=contextlib.nullcontext)  # 1F1B's gradients stay for the SGD below
     for _ in range(steps):
         assert serve_step(runtime, hooks, training=True) is StepEnd.FINISHED
         runtime.backward()
+        open_ends.append(runtime.open_ends)
         _sgd(stages)
 
 
 def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas: int = 1, rule: str = "nccl",
                  shared_streams: bool = False, steps: int = 2, rows: int = 16, timeout: float = 20.0):
     """Train ``steps`` SGD steps on ``replicas`` pipelines of ``size`` ranks (each replica on the
-    same batches); returns ``(weights, fabric)``: every stage's trained Sequential per global rank."""
+    same batches); returns ``(weights, fabric, plan, batches)``: every stage's trained Sequential per
+    global rank; ``fabric.open_ends[rank]`` holds the rank's sends still unflushed after each step."""
     layout = ReplicaLayout(size * replicas, replicas)
     fabric = MemoryFabric(layout.world_size, rule, shared_streams)
     batches = make_batches(steps, rows)
@@ -110,6 +115,7 @@ def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas
     plan = plan_pipeline(len(base), size, balance_by_parameters(base, size, placement), placement)
     trained: dict[int, nn.Sequential] = {}
     errors: dict[int, BaseException] = {}
+    fabric.open_ends = {rank: [] for rank in range(layout.world_size)}
 
     def rank_main(rank: int) -> None:
         try:
@@ -122,9 +128,9 @@ def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas
             runtime = PipelineRuntime(plan, prank, layers, transport, codecs, PipelineStats())
             stages = nn.ModuleList(runtime.stages.values())
             if prank == 0:
-                _client(runtime, stages, batches, chunks, schedule)
+                _client(runtime, stages, batches, chunks, schedule, fabric.open_ends[rank])
             else:
-                _server(runtime, stages, steps)
+                _server(runtime, stages, steps, fabric.open_ends[rank])
             transport.flush()
             trained[rank] = layers
         except BaseException as err:  # noqa: BLE001 - reported by the caller

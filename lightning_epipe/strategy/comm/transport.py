@@ -264,6 +264,11 @@ class Transport:
                 window = self.rates[sent.peer] = TransferWindow(size, min(MIN_BYTES, size))
             window.add(Transfer(sent.posted_at, now, sent.frame.numel(), sent.queued))
 
+    @property
+    def sends_in_flight(self) -> int:
+        """Sends posted since the last :meth:`flush` (each holds its frame until then)."""
+        return len(self._pending)
+
     def flush(self) -> None:
         """Wait until every posted send has left (bounded by the timeout)."""
         pending, self._pending = self._pending, []

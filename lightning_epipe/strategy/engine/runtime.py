@@ -162,6 +162,11 @@ class PipelineRuntime:
     def has_pending_backward(self) -> bool:
         return bool(self._saved)
 
+    @property
+    def open_ends(self) -> tuple[int, int]:
+        """(autograd hooks, sends) the current step still holds; both 0 once it has closed."""
+        return len(self._hook_handles), self.transport.sends_in_flight
+
     # ------------------------------------------------------------------ control (client -> servers)
 
     def command(self, command: Command, num_microbatches: int = 0, arg: int = 0, flags: int = 0) -> None:
@@ -324,12 +329,13 @@ class PipelineRuntime:
     # ------------------------------------------------------------------ backward
 
     def backward(self) -> None:
-        """Run this rank's backward tasks; the client calls it after ``loss.backward()``."""
-        if not self._saved:
-            return
-        self._prepost_first(Kind.GRADIENT, self.num_microbatches - 1)
-        for task in rank_tasks(self.stage_ids, self.num_microbatches, "backward"):
-            self._backward_task(task.stage, task.microbatch)
+        """Run this rank's backward tasks; the client calls it after ``loss.backward()``, whose
+        hooks may already have sent every gradient of the last stage (then only the step's
+        hooks and sends remain to be closed)."""
+        if self._saved:
+            self._prepost_first(Kind.GRADIENT, self.num_microbatches - 1)
+            for task in rank_tasks(self.stage_ids, self.num_microbatches, "backward"):
+                self._backward_task(task.stage, task.microbatch)
         self._remove_hooks()
         self.timer.settle()
         self.transport.flush()
