@@ -19,10 +19,11 @@ What keeps the pipeline full:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import torch
 import torch.utils.checkpoint
@@ -53,6 +54,13 @@ def _finite(t: Tensor) -> bool:
     if bool(torch.isfinite(t.sum(dtype=torch.float32))):
         return True
     return bool(torch.isfinite(t).all())
+
+
+def _no_autocast(device_type: str) -> ContextManager[Any]:
+    """Autocast off for a codec's work; no context where it is already off (two per message)."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _detach(y: Any) -> Any:
@@ -403,7 +411,7 @@ class PipelineRuntime:
         if kind != Kind.INPUT and t.is_floating_point() and not _finite(t):  # the streams' codecs do not check
             codec = self._on_nonfinite(kind, cut, mb, t)
             flags |= Flag.NONFINITE
-        with torch.autocast(t.device.type, enabled=False):  # codecs compute in the tensor's own dtype
+        with _no_autocast(t.device.type):  # codecs compute in the tensor's own dtype
             buf = codec.encode(t).to_bytes()
         nbytes = self.transport.send(peer, Header.data(kind, self.step, mb, self.num_microbatches, j, n, flags), buf)
         raw = t.numel() * t.element_size() if kind == Kind.INPUT else self._raw_bytes(cut, j, t)
@@ -458,7 +466,7 @@ class PipelineRuntime:
             raise WireError(f"{link}: {what}: message {j} has no payload")
         try:
             packet = Packet.from_bytes(payload)
-            with torch.autocast(payload.device.type, enabled=False):
+            with _no_autocast(payload.device.type):
                 return self._bound(self.codecs.decoder(direction, cut, mb, j, packet.codec), mb).decode(packet)
         except PacketError as err:
             raise WireError(f"{link}: {what}: message {j}: {err}") from err
