@@ -59,6 +59,9 @@ CODECS = {
                                    "compressor_kwargs": {"ratio": 0.25, "wire": "hadamard", "bits": 4}},
     "bottleneck-0.375+lloydmax-3": {"compressor": "bottleneck",
                                     "compressor_kwargs": {"ratio": 0.375, "wire": "lloydmax", "bits": 3}},
+    "bottleneck-0.375+lloydmax-3,lr=1e-3": {"compressor": "bottleneck",
+                                            "compressor_kwargs": {"ratio": 0.375, "wire": "lloydmax", "bits": 3,
+                                                                  "lr": 1e-3}},
 }
 #: Codecs of the error table (plain codecs only: a bottleneck must be trained).
 ERROR_CODECS = ("none", "sortquant-8", "sortquant-4", "sortquant-4-1:1", "quantize-8", "quantize-4",

@@ -42,7 +42,7 @@ __all__ = ["Bottleneck", "BottleneckPair", "BOTTLENECK_KEYS"]
 
 #: The keyword arguments of ``Bottleneck`` (they go to ``compressor_kwargs`` with
 #: ``compressor="bottleneck"``; the others go to the wire codec).
-BOTTLENECK_KEYS = ("ratio", "stride", "wire", "init")
+BOTTLENECK_KEYS = ("ratio", "stride", "wire", "init", "lr")
 _INITS = ("pca", "default")
 
 
@@ -118,6 +118,9 @@ class Bottleneck:
             ``"default"``.
         encoder, decoder: explicit modules instead (copied for every cut); ``ratio``,
             ``stride`` and ``init`` are then unused.
+        lr: the pairs' learning rate (a param group of their own in the first optimizer,
+            following its first group's schedule at this rate); ``None``: they train with
+            the model's parameters (new layers in a pretrained model usually want more).
         **wire_kwargs: keyword arguments of the wire codec (``bits=8``).
 
     Example:
@@ -132,13 +135,15 @@ class Bottleneck:
 
     def __init__(self, ratio: float = 0.1, stride: int = 3, wire: str = "none", init: str = "pca",
                  encoder: Optional[nn.Module] = None, decoder: Optional[nn.Module] = None,
-                 **wire_kwargs: Any) -> None:
+                 lr: Optional[float] = None, **wire_kwargs: Any) -> None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise ValueError(f"bottleneck: ratio must be a number in (0, 1] (code size over activation size), got {ratio!r}")
         if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
             raise ValueError(f"bottleneck: stride must be a positive integer, got {stride!r}")
         if init not in _INITS:
             raise ValueError(f"bottleneck: init must be one of {_INITS}, got {init!r}")
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0):
+            raise ValueError(f"bottleneck: lr must be a positive number (the pairs' learning rate) or None, got {lr!r}")
         if (encoder is None) != (decoder is None):
             raise ValueError("bottleneck: give both encoder and decoder modules, or neither (then they are built from ratio)")
         for name, m in (("encoder", encoder), ("decoder", decoder)):
@@ -154,6 +159,7 @@ class Bottleneck:
         self.ratio, self.stride, self.init = float(ratio), stride, init
         self.wire, self.wire_kwargs = wire, dict(wire_kwargs)
         self.encoder, self.decoder = encoder, decoder
+        self.lr = None if lr is None else float(lr)
 
     def build(self, activation: Optional[Any] = None) -> BottleneckPair:
         """A new pair for a cut whose activation looks like ``activation`` (a few real samples).

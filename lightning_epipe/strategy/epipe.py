@@ -49,7 +49,8 @@ from typing_extensions import override
 
 from lightning_epipe.compressors import BottleneckPair
 from lightning_epipe.strategy import checkpoint_state as ckpt
-from lightning_epipe.strategy.compression.bottleneck_layers import ensure_optimized, install_bottlenecks
+from lightning_epipe.strategy.compression.bottleneck_layers import ATTRIBUTE, bottleneck_lr, install_bottlenecks
+from lightning_epipe.strategy.compression.bottleneck_optimizer import optimize_bottlenecks
 from lightning_epipe.strategy.engine.clipping import clip_across_stages
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.compression.codec_book import CodecBook
@@ -387,7 +388,8 @@ class EPipeStrategy(ParallelStrategy):
         self.model_to_device()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
-            added = ensure_optimized(module, self.optimizers)
+            added = optimize_bottlenecks(getattr(module, ATTRIBUTE, None), bottleneck_lr(self._codecs.bottlenecks()),
+                                         self.optimizers, [c.scheduler for c in self.lr_scheduler_configs])
             if added and self.is_client:
                 log.info("EPipeStrategy: the first optimizer also trains the bottlenecks' %s", added)
         self.setup_precision_plugin()

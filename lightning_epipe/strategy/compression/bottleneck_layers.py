@@ -23,7 +23,7 @@ from lightning_epipe.strategy.comm.collectives import broadcast_json
 from lightning_epipe.strategy.planning.partition import PipelinePlan
 
 __all__ = ["ATTRIBUTE", "install_bottlenecks", "release_foreign_halves", "split_bottleneck_state",
-           "ensure_optimized"]
+           "bottleneck_lr"]
 
 #: The module attribute holding the pairs, and the prefix of their state-dict keys.
 ATTRIBUTE = "epipe_bottlenecks"
@@ -133,13 +133,9 @@ def split_bottleneck_state(state: dict[str, Any]) -> tuple[dict[str, Any], dict[
     return model, pairs
 
 
-def ensure_optimized(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> list[str]:
-    """Add the pairs' parameters no optimizer holds to the first optimizer; their names."""
-    holder = getattr(module, ATTRIBUTE, None)
-    if holder is None or not optimizers:
-        return []
-    held = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
-    missing = [(n, p) for n, p in holder.named_parameters() if id(p) not in held]
-    if missing:
-        optimizers[0].add_param_group({"params": [p for _, p in missing]})
-    return [n for n, _ in missing]
+def bottleneck_lr(specs: dict[int, Bottleneck]) -> Optional[float]:
+    """The learning rate the cuts' bottlenecks ask for (one for all of them), or ``None``."""
+    rates = {spec.lr for spec in specs.values()}
+    if len(rates) > 1:
+        raise ValueError(f"bottlenecks: every cut's Bottleneck needs the same lr (one param group), got {sorted(rates, key=str)}")
+    return rates.pop() if rates else None
