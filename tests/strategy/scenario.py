@@ -75,6 +75,10 @@ class TinyNet(L.LightningModule):
     def configure_optimizers(self):
         if self.optimizer_name == "adam":
             return torch.optim.Adam(self.parameters(), lr=self.lr)
+        if self.optimizer_name == "adam-steplr":  # the layers only, and a per-step schedule
+            optimizer = torch.optim.Adam(self.layers.parameters(), lr=self.lr / 10)
+            schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.7)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 

@@ -48,3 +48,15 @@ def test_compressed_bottleneck_with_error_feedback_resumes_exactly(tmp_path):
     assert len(streams) == 3 * 4 and all("residual" in s for s in streams)  # 3 gradient cuts x 4 slots
     model = TinyNet.load_from_checkpoint(ckpt)
     assert torch.isfinite(model.layers(make_data().tensors[0])).all()
+
+
+@pytest.mark.slow
+def test_bottleneck_with_its_own_lr_under_a_schedule_resumes_exactly(tmp_path):
+    """Bottleneck(lr=...) with an optimizer over the layers only and a per-step StepLR: the pairs'
+    group and the scheduler's extension survive a resume (losses and weights equal)."""
+    full, ckpt = run_and_resume(tmp_path, "--compressor", "bottleneck", "--optimizer", "adam-steplr",
+                                "--compressor-kwargs", json.dumps({"ratio": 0.5, "lr": 0.05}))
+    state = torch.load(ckpt, weights_only=False)
+    groups = state["optimizer_states"][0]["param_groups"]
+    assert len(groups) == 2 and groups[1]["lr"] == pytest.approx(5 * groups[0]["lr"])  # 0.05 / (0.1 / 10)
+    assert len(state["lr_schedulers"][0]["base_lrs"]) == 2
