@@ -8,20 +8,24 @@ Side by side in one run, for each model and process count: EPipeStrategy with ev
 DDPStrategy (CPU, gloo; the global batch split over the ranks) and PyTorch's
 ``torch.distributed.pipelining`` (PipelineStage + ScheduleGPipe, gloo, uncompressed). Every
 process runs one torch thread. Samples/s are measured on rank 0 after ``--warmup`` steps;
-the table gives the ratio to DDP and to uncompressed EPipe. Writes
+``--repeats`` repetitions go round every method; the table gives the median samples/s, the
+medians of the per-repetition ratios to DDP (with their spread) and to uncompressed EPipe,
+and the load average before and after. Writes
 ``benchmarks/results/throughput.{png,json}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.codecs import CODECS  # noqa: E402
-from benchmarks.common import axes, finish, fmt, markdown_table, run, write_json  # noqa: E402
+from benchmarks.common import axes, finish, fmt, load_average, markdown_table, run, write_json  # noqa: E402
 
 
 def methods() -> dict[str, dict]:
@@ -32,32 +36,46 @@ def methods() -> dict[str, dict]:
     return out
 
 
-def measure(models, devices, batch, chunks, steps, warmup, full) -> list[dict]:
-    rows = []
-    for model in models:
-        for n in devices:
-            for label, extra in methods().items():
-                cfg = dict(model=model, devices=n, batch=batch, chunks=chunks, steps=steps, warmup=warmup,
-                           full=full, **extra)
-                result = run(cfg)
-                print(f"  {model} x{n} {label}: {result.get('samples_per_s') or result.get('error')}", flush=True)
-                rows.append({"model": model, "devices": n, "method": label, **result})
-    return rows
+def measure(models, devices, batch, chunks, steps, warmup, full, repeats) -> list[dict]:
+    """One row per model, process count and method; ``repeats`` repetitions go round them all."""
+    rows = {(m, n, label): {"model": m, "devices": n, "method": label, "samples_per_s": [], "errors": []}
+            for m in models for n in devices for label in methods()}
+    for rep in range(repeats):
+        for (model, n, label), row in rows.items():
+            cfg = dict(model=model, devices=n, batch=batch, chunks=chunks, steps=steps, warmup=warmup,
+                       full=full, **methods()[label])
+            result = run(cfg)
+            print(f"  rep {rep + 1} {model} x{n} {label}: {result.get('samples_per_s') or result.get('error')}", flush=True)
+            if result.get("samples_per_s"):
+                row["samples_per_s"].append(result["samples_per_s"])
+                row.update(ratio=result.get("ratio"), bubble=result.get("bubble"))
+            else:
+                row["samples_per_s"].append(None)
+                row["errors"].append(result.get("error"))
+    return list(rows.values())
+
+
+def _ratios(row: dict, other: Optional[dict]) -> list[float]:
+    """``row``'s samples/s over ``other``'s, repetition by repetition (where both ran)."""
+    if other is None:
+        return []
+    return [a / b for a, b in zip(row["samples_per_s"], other["samples_per_s"]) if a and b]
 
 
 def table(rows: list[dict]) -> str:
     out = []
     for r in rows:
-        same = [x for x in rows if x["model"] == r["model"] and x["devices"] == r["devices"]]
-        ddp = next((x.get("samples_per_s") for x in same if x["method"] == "ddp"), None)
-        none = next((x.get("samples_per_s") for x in same if x["method"] == "epipe none"), None)
-        sps = r.get("samples_per_s")
+        same = {x["method"]: x for x in rows if x["model"] == r["model"] and x["devices"] == r["devices"]}
+        done = [v for v in r["samples_per_s"] if v]
+        vs_ddp, vs_none = _ratios(r, same.get("ddp")), _ratios(r, same.get("epipe none"))
+        spread = f"{min(vs_ddp):.2f}-{max(vs_ddp):.2f}" if vs_ddp else "-"
         out.append([r["model"], r["devices"], r["method"],
-                    fmt(sps, ".0f") if sps else f"failed: {r.get('error')}",
-                    fmt(sps / ddp if sps and ddp else None, ".2f", "x"),
-                    fmt(sps / none if sps and none else None, ".2f", "x"),
+                    fmt(statistics.median(done), ".0f") if done else f"failed: {r['errors'][:1]}",
+                    fmt(statistics.median(vs_ddp) if vs_ddp else None, ".2f", "x"), spread,
+                    fmt(statistics.median(vs_none) if vs_none else None, ".2f", "x"),
                     fmt(r.get("ratio"), ".3f"), fmt(r.get("bubble"), ".2f")])
-    return markdown_table(["model", "procs", "method", "samples/s", "vs DDP", "vs EPipe none", "wire ratio", "bubble"], out)
+    return markdown_table(["model", "procs", "method", "samples/s (median)", "vs DDP (median)", "vs DDP spread",
+                           "vs EPipe none", "wire ratio", "bubble"], out)
 
 
 def plot(rows: list[dict]) -> Path:
@@ -68,8 +86,9 @@ def plot(rows: list[dict]) -> Path:
     for j, label in enumerate(labels):
         ys = []
         for model, n in groups:
-            same = {r["method"]: r.get("samples_per_s") for r in rows if (r["model"], r["devices"]) == (model, n)}
-            ys.append(same[label] / same["ddp"] if same.get(label) and same.get("ddp") else 0)
+            same = {r["method"]: r for r in rows if (r["model"], r["devices"]) == (model, n)}
+            ratios = _ratios(same[label], same.get("ddp")) if label in same else []
+            ys.append(statistics.median(ratios) if ratios else 0)
         ax.bar([i + j * width for i in range(len(groups))], ys, width, label=label)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], [f"{m}\n{n} processes" for m, n in groups])
@@ -86,12 +105,17 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--steps", type=int)
     parser.add_argument("--warmup", type=int)
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions round every method (median, spread)")
     args = parser.parse_args()
+    load_before = load_average()
+    print(load_before, flush=True)
     devices = args.devices or ([2, 3, 4] if args.full else [2, 3])
     steps, warmup = args.steps or (50 if args.full else 12), args.warmup or (10 if args.full else 3)
-    rows = measure(args.models, devices, args.batch, args.chunks, steps, warmup, args.full)
-    write_json("throughput.json", rows)
-    print(table(rows))
+    rows = measure(args.models, devices, args.batch, args.chunks, steps, warmup, args.full, args.repeats)
+    text = table(rows)
+    write_json("throughput.json", {"load_before": load_before, "load_after": load_average(), "rows": rows, "table": text})
+    print(text)
+    print(load_average())
     print("plot:", plot(rows))
 
 
