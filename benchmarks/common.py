@@ -14,11 +14,12 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -153,3 +154,34 @@ def load_average() -> str:
     """``"load average 0.52 0.61 0.70 (2 cores)"``: printed with every table."""
     one, five, fifteen = os.getloadavg()
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
+def rep_ratios(values: Sequence[Optional[float]], baseline: Sequence[Optional[float]]) -> list[float]:
+    """``values[i] / baseline[i]`` for every repetition ``i`` in which both ran."""
+    return [a / b for a, b in zip(values, baseline) if a and b]
+
+
+def median_spread(values: Sequence[Optional[float]], spec: str = ".2f", suffix: str = "") -> tuple[str, str]:
+    """``("1.02x", "0.98-1.05")``: the median of the values that exist and their range (``"-"`` if none)."""
+    done = [v for v in values if v]
+    if not done:
+        return "-", "-"
+    return fmt(statistics.median(done), spec, suffix), f"{min(done):{spec}}-{max(done):{spec}}"
+
+
+def repeat_round(configs: dict, repeats: int, launch: Callable[[Any, int], dict]) -> dict:
+    """Run every config ``repeats`` times, going round all of them each repetition (so one
+    repetition's configs run side by side); ``launch(key, rep)`` runs one. Returns per key
+    ``{"samples_per_s": [...one per repetition, None where it failed], "errors": [...],
+    "last": the last successful result}``."""
+    out = {key: {"samples_per_s": [], "errors": [], "last": {}} for key in configs}
+    for rep in range(repeats):
+        for key in configs:
+            result = launch(key, rep)
+            sps = result.get("samples_per_s")
+            out[key]["samples_per_s"].append(sps or None)
+            if sps:
+                out[key]["last"] = result
+            else:
+                out[key]["errors"].append(result.get("error"))
+    return out

@@ -8,7 +8,9 @@ Each rate gets its own network namespace (``ip netns add``) whose loopback is li
 under ``ip netns exec``, so every rank talks over that loopback (MASTER_ADDR=127.0.0.1).
 "unlimited" is a namespace without tc, the same conditions otherwise. The namespaces are
 deleted afterwards whatever happens; where ``ip netns``/``tc`` are not allowed the benchmark
-is skipped with the reason. Note the loopback carries both directions, so the limit is on
+is skipped with the reason. ``--repeats`` repetitions (default 3) go round the methods at
+each rate; the table gives median samples/s and speed-up over ``none`` with their spread,
+and the load average before and after. Note the loopback carries both directions, so the limit is on
 the sum of forward and backward traffic. Writes ``benchmarks/results/slow_link.{png,json}``.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Optional
@@ -24,10 +27,15 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.codecs import CODECS  # noqa: E402
-from benchmarks.common import axes, finish, fmt, markdown_table, netns_available, run, slow_loopback, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    axes, finish, fmt, load_average, markdown_table, median_spread, netns_available, rep_ratios, repeat_round, run,
+    slow_loopback, write_json,
+)
 
 
-def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Optional[list[str]] = None) -> list[dict]:
+def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Optional[list[str]] = None,
+            repeats: int = 3) -> list[dict]:
+    """One row per (rate, method); at each rate ``repeats`` repetitions go round the methods."""
     rows = []
     for rate in rates:
         name = f"epipe-bench-{os.getpid()}-{rate or 'inf'}".replace(".", "_")
@@ -36,21 +44,33 @@ def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Option
                        if not methods or label in methods or label == "none"}
             if ddp:
                 configs["ddp"] = {"kind": "ddp"}
-            for label, extra in configs.items():
-                result = run({**base, **extra}, netns=ns)
-                print(f"  {rate or 'unlimited'} Mbit/s {label}: {result.get('samples_per_s') or result.get('error')}", flush=True)
-                rows.append({"rate_mbit": rate, "method": label, **result})
+
+            def launch(label: str, rep: int) -> dict:
+                result = run({**base, **configs[label]}, netns=ns)
+                print(f"  rep {rep + 1} {rate or 'unlimited'} Mbit/s {label}: "
+                      f"{result.get('samples_per_s') or result.get('error')}", flush=True)
+                return result
+
+            for label, runs in repeat_round(configs, repeats, launch).items():
+                rows.append({"rate_mbit": rate, "method": label, "samples_per_s": runs["samples_per_s"],
+                             "errors": runs["errors"], "ratio": runs["last"].get("ratio")})
     return rows
 
 
 def speedups(rows: list[dict]) -> dict[str, dict]:
-    """method -> {rate: samples/s relative to ``none`` at that rate}."""
+    """method -> {rate: per-repetition samples/s relative to ``none`` at that rate}."""
     out: dict[str, dict] = {}
     for r in rows:
-        none = next((x.get("samples_per_s") for x in rows if x["rate_mbit"] == r["rate_mbit"] and x["method"] == "none"), None)
-        if r.get("samples_per_s") and none:
-            out.setdefault(r["method"], {})[r["rate_mbit"]] = r["samples_per_s"] / none
+        none = next((x for x in rows if x["rate_mbit"] == r["rate_mbit"] and x["method"] == "none"), None)
+        ratios = rep_ratios(r["samples_per_s"], none["samples_per_s"]) if none else []
+        if ratios:
+            out.setdefault(r["method"], {})[r["rate_mbit"]] = ratios
     return out
+
+
+def median_speedups(rows: list[dict]) -> dict[str, dict]:
+    """method -> {rate: median speed-up over ``none``}."""
+    return {m: {rate: statistics.median(v) for rate, v in curve.items()} for m, curve in speedups(rows).items()}
 
 
 def break_even(curve: dict) -> str:
@@ -71,18 +91,21 @@ def break_even(curve: dict) -> str:
 
 def tables(rows: list[dict]) -> str:
     curves = speedups(rows)
-    body = [[fmt(r["rate_mbit"], "g") if r["rate_mbit"] else "unlimited", r["method"],
-             fmt(r.get("samples_per_s"), ".0f") if r.get("samples_per_s") else f"failed: {r.get('error')}",
-             fmt(curves.get(r["method"], {}).get(r["rate_mbit"]), ".2f", "x"), fmt(r.get("ratio"), ".3f")]
-            for r in rows]
-    first = markdown_table(["link (Mbit/s)", "method", "samples/s", "vs none", "wire ratio"], body)
-    second = markdown_table(["method", "break-even (speed-up over none falls below 1)"],
-                            [[m, break_even(c)] for m, c in curves.items() if m != "none"])
+    body = []
+    for r in rows:
+        sps, spread = median_spread(r["samples_per_s"], ".0f")
+        vs, vs_spread = median_spread(curves.get(r["method"], {}).get(r["rate_mbit"], []), ".2f", "x")
+        body.append([fmt(r["rate_mbit"], "g") if r["rate_mbit"] else "unlimited", r["method"],
+                     sps if sps != "-" else f"failed: {r['errors'][:1]}", spread, vs, vs_spread, fmt(r.get("ratio"), ".3f")])
+    first = markdown_table(["link (Mbit/s)", "method", "samples/s (median)", "spread", "vs none (median)",
+                            "vs none spread", "wire ratio"], body)
+    second = markdown_table(["method", "break-even (median speed-up over none falls below 1)"],
+                            [[m, break_even(c)] for m, c in median_speedups(rows).items() if m != "none"])
     return first + "\n\n" + second
 
 
 def plot(rows: list[dict], name: str = "slow_link.png") -> Path:
-    curves = speedups(rows)
+    curves = median_speedups(rows)
     fig, ax = axes()
     for method, curve in curves.items():
         points = sorted((r, s) for r, s in curve.items() if r is not None)
@@ -90,7 +113,7 @@ def plot(rows: list[dict], name: str = "slow_link.png") -> Path:
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log")
     return finish(fig, ax, name, "loopback rate limit (Mbit/s, tc tbf)",
-                  "samples/s relative to uncompressed EPipe", "Compressed cuts over a slow link")
+                  "samples/s relative to uncompressed EPipe (median)", "Compressed cuts over a slow link")
 
 
 def main() -> None:
@@ -105,6 +128,7 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="also DDP at every rate (slow: it all-reduces the weights)")
     parser.add_argument("--methods", nargs="+", help=f"codecs to run (none always runs): {list(CODECS)}")
     parser.add_argument("--out", default="slow_link.json", help="file name under benchmarks/results")
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions round the methods at each rate (median, spread)")
     args = parser.parse_args()
     reason = netns_available()
     if reason:
@@ -114,9 +138,14 @@ def main() -> None:
     steps = args.steps or (40 if args.full else 10)
     base = dict(model=args.model, devices=args.devices, batch=args.batch, chunks=args.chunks, steps=steps,
                 warmup=max(2, steps // 5), full=args.full, timeout=600)
-    rows = measure(rates + [None], base, args.ddp or args.full, args.methods)
-    write_json(args.out, rows)
-    print(tables(rows))
+    load_before = load_average()
+    print(load_before, flush=True)
+    rows = measure(rates + [None], base, args.ddp or args.full, args.methods, args.repeats)
+    text = tables(rows)
+    write_json(args.out, {"load_before": load_before, "load_after": load_average(), "steps": steps,
+                          "repeats": args.repeats, "rows": rows, "table": text})
+    print(text)
+    print(load_average())
     print("plot:", plot(rows, Path(args.out).with_suffix(".png").name))
 
 

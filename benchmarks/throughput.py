@@ -25,7 +25,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.codecs import CODECS  # noqa: E402
-from benchmarks.common import axes, finish, fmt, load_average, markdown_table, run, write_json  # noqa: E402
+from benchmarks.common import axes, finish, fmt, load_average, markdown_table, rep_ratios, run, write_json  # noqa: E402
 
 
 def methods() -> dict[str, dict]:
@@ -55,11 +55,9 @@ def measure(models, devices, batch, chunks, steps, warmup, full, repeats) -> lis
     return list(rows.values())
 
 
-def _ratios(row: dict, other: Optional[dict]) -> list[float]:
+def _versus(row: dict, other: Optional[dict]) -> list[float]:
     """``row``'s samples/s over ``other``'s, repetition by repetition (where both ran)."""
-    if other is None:
-        return []
-    return [a / b for a, b in zip(row["samples_per_s"], other["samples_per_s"]) if a and b]
+    return rep_ratios(row["samples_per_s"], other["samples_per_s"]) if other else []
 
 
 def table(rows: list[dict]) -> str:
@@ -67,7 +65,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         same = {x["method"]: x for x in rows if x["model"] == r["model"] and x["devices"] == r["devices"]}
         done = [v for v in r["samples_per_s"] if v]
-        vs_ddp, vs_none = _ratios(r, same.get("ddp")), _ratios(r, same.get("epipe none"))
+        vs_ddp, vs_none = _versus(r, same.get("ddp")), _versus(r, same.get("epipe none"))
         spread = f"{min(vs_ddp):.2f}-{max(vs_ddp):.2f}" if vs_ddp else "-"
         out.append([r["model"], r["devices"], r["method"],
                     fmt(statistics.median(done), ".0f") if done else f"failed: {r['errors'][:1]}",
@@ -87,7 +85,7 @@ def plot(rows: list[dict]) -> Path:
         ys = []
         for model, n in groups:
             same = {r["method"]: r for r in rows if (r["model"], r["devices"]) == (model, n)}
-            ratios = _ratios(same[label], same.get("ddp")) if label in same else []
+            ratios = _versus(same[label], same.get("ddp")) if label in same else []
             ys.append(statistics.median(ratios) if ratios else 0)
         ax.bar([i + j * width for i in range(len(groups))], ys, width, label=label)
     ax.axhline(1.0, color="k", lw=0.8)

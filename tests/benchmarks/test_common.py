@@ -5,9 +5,9 @@ import math
 import pytest
 
 from benchmarks.codecs import CODECS
-from benchmarks.common import markdown_table, fmt
+from benchmarks.common import fmt, markdown_table, median_spread, rep_ratios, repeat_round
 from benchmarks.models import StackRegressor, build_layers, make_data
-from benchmarks.slow_link import break_even, speedups
+from benchmarks.slow_link import break_even, median_speedups, speedups, tables
 from benchmarks.worker import median_step_rate, samples_per_second
 
 
@@ -25,13 +25,31 @@ def test_markdown_table_and_fmt():
 
 def test_speedups_and_break_even():
     rows = [{"rate_mbit": r, "method": m, "samples_per_s": s} for r, m, s in [
-        (50, "none", 10), (50, "q", 30), (1000, "none", 100), (1000, "q", 50), (None, "none", 1), (None, "q", 1)]]
+        (50, "none", [10, 20, None]), (50, "q", [30, 40, 50]), (1000, "none", [100, 100, 100]),
+        (1000, "q", [50, 60, 40]), (None, "none", [1]), (None, "q", [1])]]
     curves = speedups(rows)
-    assert curves["q"][50] == 3 and curves["q"][1000] == 0.5
-    crossing = float(break_even(curves["q"]).strip("~ Mbit/s"))
+    assert curves["q"][50] == [3, 2] and curves["q"][1000] == [0.5, 0.6, 0.4]  # repetition by repetition
+    medians = median_speedups(rows)
+    assert medians["q"][50] == 2.5 and medians["q"][1000] == 0.5
+    crossing = float(break_even(medians["q"]).strip("~ Mbit/s"))
     assert 50 < crossing < 1000
     assert break_even({50: 2.0, 200: 1.5}).startswith("pays")
     assert break_even({50: 0.9}).startswith("never")
+    assert "| 50 | q | 40 | 30-50 | 2.50x | 2.00-3.00 | - |" in tables([{**r, "errors": []} for r in rows])
+
+
+def test_repetitions_go_round_every_config():
+    order = []
+
+    def launch(key, rep):
+        order.append((rep, key))
+        return {"samples_per_s": None} if (rep, key) == (1, "b") else {"samples_per_s": 10.0 + rep, "error": None}
+
+    out = repeat_round({"a": {}, "b": {}}, 2, launch)
+    assert order == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+    assert out["a"]["samples_per_s"] == [10.0, 11.0] and out["b"]["samples_per_s"] == [10.0, None]
+    assert median_spread(out["a"]["samples_per_s"], ".1f") == ("10.5", "10.0-11.0")
+    assert median_spread([None]) == ("-", "-") and rep_ratios([2, None, 3], [1, 1, None]) == [2]
 
 
 @pytest.mark.parametrize("name", ["mlp", "transformer"])
