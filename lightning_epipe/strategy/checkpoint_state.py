@@ -179,6 +179,17 @@ class PipelineCheckpoint:
         merged = gather_tensors(transport, world_size, local_extra_state(global_rank, codec_state, device))
         return None if merged is None else extra_state(balance, placement, merged, self.bottleneck_state, auto)
 
+    def restore_codecs(self, codecs: Any, tuner: Any, balance: list[int], global_rank: int) -> None:
+        """After setup, from a loaded checkpoint: ``compressor="auto"``'s choices (``tuner``, or
+        ``None``) put in force first, then this rank's codec streams' state (a ``CodecBook``)."""
+        if self.resume is None:
+            return
+        if tuner is not None and "auto" in self.resume:
+            tuner.load_state_dict(self.resume["auto"], codecs)
+        mine = self.mine(balance, global_rank)
+        if mine and mine.get("codecs"):
+            codecs.load_state_dict(mine["codecs"])
+
     def mine(self, balance: Optional[list[int]], global_rank: int) -> Optional[dict[str, Any]]:
         """This rank's part of the loaded checkpoint (``None``: nothing loaded, or another split)."""
         return None if self.resume is None else rank_resume_state(self.resume, balance, global_rank)

@@ -7,7 +7,7 @@ argument fails in the user's script before any process starts; checks that need 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -16,7 +16,7 @@ from lightning_epipe.strategy.compression.codec_book import AUTO_KEYS, CodecBook
 from lightning_epipe.strategy.planning.partition import PLACEMENTS
 from lightning_epipe.strategy.engine.replicas import check_replicas
 
-__all__ = ["PipelineConfig", "CompressorArg"]
+__all__ = ["ARGUMENTS", "PipelineConfig", "CompressorArg"]
 
 CompressorArg = Union[str, Compressor, Sequence[Union[str, Compressor]]]
 
@@ -26,10 +26,59 @@ NONFINITE = ("raise", "skip")
 START_METHODS = ("popen", "spawn", "fork", "forkserver")
 
 
+#: The "Args:" section of ``EPipeStrategy``'s docstring: each argument, next to its checks below.
+ARGUMENTS = """\
+        chunks: micro-batches per batch (a smaller last batch runs as fewer).
+        schedule: ``"gpipe"`` (every forward, then every backward: the loss is computed on the
+            whole batch) or ``"1f1b"`` (each micro-batch's backward starts as soon as its forward
+            ends, so a stage holds at most as many micro-batches as there are stages after it;
+            needs a ``pipeline_loss(output, batch)`` method on the LightningModule giving one
+            micro-batch's mean loss, and automatic optimization).
+        compressor: codec for everything crossing a cut: a name from
+            ``lightning_epipe.compressors.available_compressors()``, a ``Compressor`` instance,
+            ``"bottleneck"`` (a learned encoder/decoder pair per cut), ``"auto"`` (chosen per
+            link from the rate of the training's own traffic and codec speed within an error
+            budget; keys ``error_budget``, ``retune_every`` and ``tolerance`` in
+            ``compressor_kwargs``), or a list with one per cut.
+        bits: bit width for the quantizing codecs (``sortquant``, ``quantize``, ``topk``).
+        activation_compressor: overrides ``compressor`` for activations (forward).
+        gradient_compressor: overrides ``compressor`` for gradients (backward).
+        compressor_kwargs: further keyword arguments of the codec (``split``, ``fraction``, ``rank``...;
+            ``ratio``, ``stride``, ``wire``, ``init`` for ``compressor="bottleneck"``).
+        error_feedback: add each gradient compression's error to the next gradient of the same
+            cut and micro-batch slot (:class:`~lightning_epipe.compressors.ErrorFeedback`).
+        delta_compression: AQ-SGD-style: every activation crossing a cut in training is sent as
+            its change since the same training sample last crossed, compressed with the
+            activation codec; both sides of the cut cache one row per training sample
+            (:class:`~lightning_epipe.compressors.delta.DeltaCompressor`). Needs a
+            map-style training DataLoader (the sample indices come from its sampler).
+        delta_first: the codec for a sample's first crossing (default uncompressed).
+        delta_cache_limit: bytes one cache may take (default: a quarter of the stage's device
+            memory, or of the process's share of the host's RAM on CPU); a larger one fails at the
+            first step, saying what it would need.
+        balance: layers per stage, or ``"parameters"`` (default) / ``"time"`` to balance
+            automatically: ``"time"`` times every layer on every rank's own device with the
+            LightningModule's ``example_input_array``, sizes every cut after compression, probes
+            the link, and minimizes the busiest rank's compute + communication within each
+            rank's memory (heterogeneous processes get the share that fits them).
+        replicas: pipelines trained data-parallel: ``devices x num_nodes`` processes form
+            ``replicas`` pipelines of equal size, each reading its own shard of the data;
+            gradients are averaged between the ranks that run the same stages.
+        pipeline: attribute name of the ``nn.Sequential`` (default: the only one).
+        placement: ``"client-server"`` (rank 0 runs the first and last stage) or ``"chain"``.
+        nonfinite: ``"raise"`` stops on NaN/Inf crossing a cut, ``"skip"`` skips that step on every rank.
+        checkpoint: activation recomputation per stage (torchgpipe's): ``"always"``,
+            ``"except_last"`` (all micro-batches but the last) or ``"never"``.
+        timeout: bound on every wait for a peer (and the process group's collectives).
+        start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
+        process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).
+        verify_checksum: CRC32 every CPU payload.
+"""
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
-    """What the user asked for (see :class:`~lightning_epipe.strategy.epipe.EPipeStrategy` for
-    each argument); ``compressor_kwargs`` holds ``bits`` too, ``delta`` is set when
+    """What the user asked for (each argument: :data:`ARGUMENTS`); ``compressor_kwargs`` holds ``bits`` too, ``delta`` is set when
     ``delta_compression`` is on, ``balance`` is a tuple of layer counts or a method name."""
 
     chunks: int = 4
@@ -99,8 +148,9 @@ class PipelineConfig:
         """The codec keyword arguments that configure ``compressor="auto"`` itself."""
         return {k: self.compressor_kwargs[k] for k in AUTO_KEYS if k in self.compressor_kwargs}
 
-    def codec_book(self, num_cuts: Optional[int]) -> CodecBook:
-        """The codecs per cut and direction (``num_cuts=None``: validate without a plan)."""
+    def codec_book(self, num_cuts: Optional[int], cache_limit: Optional[int] = None) -> CodecBook:
+        """The codecs per cut and direction (``num_cuts=None``: validate without a plan);
+        ``cache_limit``: the delta caches' size where ``delta_cache_limit`` was not given."""
         kwargs = dict(self.compressor_kwargs)
         act = self.activation_compressor if self.activation_compressor is not None else self.compressor
         grad = self.gradient_compressor if self.gradient_compressor is not None else self.compressor
@@ -113,4 +163,7 @@ class PipelineConfig:
             )
         # a bottleneck's code travels back as a gradient of the same size: the gradient codec
         # of that cut (unless set separately) is the bottleneck's wire codec
-        return CodecBook(activation, gradient, self.delta)
+        delta = self.delta
+        if delta is not None and delta.cache_limit is None and cache_limit is not None:
+            delta = replace(delta, cache_limit=cache_limit)
+        return CodecBook(activation, gradient, delta)

@@ -1,9 +1,10 @@
 """EPipeStrategy: pipeline parallelism with compressed cuts, as a Lightning strategy.
 
 Lightning delegation only; the logic lives beside it (``docs/architecture.md`` draws the
-data path): arguments in ``config``, the split in ``planning/``, a step's messages in
-``engine/`` (``client_step`` and ``runtime`` on the client, ``server_loop`` on the servers, 1F1B's
-losses in ``one_f_one_b``) over ``comm/``, codecs per stream in ``compression/``, checkpoints in
+data path): arguments (and their documentation) in ``config``, the split in ``planning/``,
+this rank's part of the pipeline in ``assembly``, a step's messages in ``engine/``
+(``client_step`` and ``runtime`` on the client, ``server_loop`` on the servers, 1F1B's losses
+in ``one_f_one_b``) over ``comm/``, codecs per stream in ``compression/``, checkpoints in
 ``checkpoint_state``. How a step runs:
 
 - The client (rank 0) runs the user's step. Its ``self.layers(x)`` call is the pipelined
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import replace
+from functools import partial
 from datetime import timedelta
 from pathlib import Path, PurePath
 from typing import Any, Literal, Mapping, Optional, Sequence, Union
@@ -32,7 +33,6 @@ from lightning.fabric.utilities.distributed import (
     ReduceOp,
     _distributed_is_initialized,
     _get_default_process_group_backend_for_device,
-    _init_dist_connection,
 )
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.fabric.utilities.seed import reset_seed
@@ -43,96 +43,46 @@ from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from torch import Tensor, nn
+from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from lightning_epipe.compressors import BottleneckPair
 from lightning_epipe.strategy import checkpoint_state as ckpt
-from lightning_epipe.strategy.compression.bottleneck_layers import ATTRIBUTE, bottleneck_lr, install_bottlenecks
-from lightning_epipe.strategy.compression.bottleneck_optimizer import optimize_bottlenecks
-from lightning_epipe.strategy.engine.clipping import clip_across_stages
-from lightning_epipe.strategy.engine.client_step import ClientStep
-from lightning_epipe.strategy.compression.codec_book import CodecBook
-from lightning_epipe.strategy.comm.collectives import broadcast_json, gather_tensors, set_collective_timeout
-from lightning_epipe.strategy.config import CompressorArg, PipelineConfig
-from lightning_epipe.strategy.planning.device_memory import default_cache_limit
-from lightning_epipe.strategy.launch import ScriptLauncher, SpawnLauncher
-from lightning_epipe.strategy.layer_ownership import release_foreign_layers
-from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, keep_metrics_local
-from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
-from lightning_epipe.strategy.planning.partition import PipelinePlan, find_pipeline
-from lightning_epipe.strategy.planning.plan import plan_by_time, plan_for
-from lightning_epipe.strategy.engine.after_backward import finish_backward
-from lightning_epipe.strategy.engine.replicas import ReplicaLayout
-from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
-from lightning_epipe.strategy.server_data import ServerBatches
-from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step
-from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, install_sigterm_handling
-from lightning_epipe.strategy.engine.stats import PipelineStats
+from lightning_epipe.strategy.assembly import RankAssembly, assemble, give_back
+from lightning_epipe.strategy.comm.collectives import broadcast_json, start_process_group
 from lightning_epipe.strategy.comm.stream_groups import StreamGroups, create_stream_groups, create_transports
 from lightning_epipe.strategy.comm.transport import Transport
-from lightning_epipe.strategy.compression.auto_tuner import AutoTuner
 from lightning_epipe.strategy.comm.wire import Command
+from lightning_epipe.strategy.compression.auto_tuner import AutoTuner
+from lightning_epipe.strategy.compression.bottleneck_layers import ATTRIBUTE, bottleneck_lr
+from lightning_epipe.strategy.compression.bottleneck_optimizer import optimize_bottlenecks
+from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
+from lightning_epipe.strategy.config import ARGUMENTS, CompressorArg, PipelineConfig
+from lightning_epipe.strategy.engine.after_backward import finish_backward
+from lightning_epipe.strategy.engine.client_step import ClientStep
+from lightning_epipe.strategy.engine.clipping import clip_across_stages
+from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
+from lightning_epipe.strategy.engine.replicas import ReplicaLayout
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step, step_optimizer
+from lightning_epipe.strategy.engine.stats import PipelineStats
+from lightning_epipe.strategy.launch import make_launcher
+from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, keep_metrics_local
+from lightning_epipe.strategy.planning.partition import PipelinePlan
+from lightning_epipe.strategy.planning.plan import plan_for
+from lightning_epipe.strategy.server_data import ServerBatches
+from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, install_sigterm_handling
 
 __all__ = ["EPipeStrategy"]
 
 log = logging.getLogger(__name__)
 
-_RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
-
 
 class EPipeStrategy(ParallelStrategy):
-    """Train a LightningModule's ``nn.Sequential`` as a GPipe pipeline across processes.
+    __doc__ = f"""Train a LightningModule's ``nn.Sequential`` as a GPipe pipeline across processes.
 
     Args:
-        chunks: micro-batches per batch (a smaller last batch runs as fewer).
-        schedule: ``"gpipe"`` (every forward, then every backward: the loss is computed on the
-            whole batch) or ``"1f1b"`` (each micro-batch's backward starts as soon as its forward
-            ends, so a stage holds at most as many micro-batches as there are stages after it;
-            needs a ``pipeline_loss(output, batch)`` method on the LightningModule giving one
-            micro-batch's mean loss, and automatic optimization).
-        compressor: codec for everything crossing a cut: a name from
-            ``lightning_epipe.compressors.available_compressors()``, a ``Compressor`` instance,
-            ``"bottleneck"`` (a learned encoder/decoder pair per cut), ``"auto"`` (chosen per
-            link from the rate of the training's own traffic and codec speed within an error
-            budget; keys ``error_budget``, ``retune_every`` and ``tolerance`` in
-            ``compressor_kwargs``), or a list with one per cut.
-        bits: bit width for the quantizing codecs (``sortquant``, ``quantize``, ``topk``).
-        activation_compressor: overrides ``compressor`` for activations (forward).
-        gradient_compressor: overrides ``compressor`` for gradients (backward).
-        compressor_kwargs: further keyword arguments of the codec (``split``, ``fraction``, ``rank``...;
-            ``ratio``, ``stride``, ``wire``, ``init`` for ``compressor="bottleneck"``).
-        error_feedback: add each gradient compression's error to the next gradient of the same
-            cut and micro-batch slot (:class:`~lightning_epipe.compressors.ErrorFeedback`).
-        delta_compression: AQ-SGD-style: every activation crossing a cut in training is sent as
-            its change since the same training sample last crossed, compressed with the
-            activation codec; both sides of the cut cache one row per training sample
-            (:class:`~lightning_epipe.compressors.delta.DeltaCompressor`). Needs a
-            map-style training DataLoader (the sample indices come from its sampler).
-        delta_first: the codec for a sample's first crossing (default uncompressed).
-        delta_cache_limit: bytes one cache may take (default: a quarter of the stage's device
-            memory, or of the process's share of the host's RAM on CPU); a larger one fails at the
-            first step, saying what it would need.
-        balance: layers per stage, or ``"parameters"`` (default) / ``"time"`` to balance
-            automatically: ``"time"`` times every layer on every rank's own device with the
-            LightningModule's ``example_input_array``, sizes every cut after compression, probes
-            the link, and minimizes the busiest rank's compute + communication within each
-            rank's memory (heterogeneous processes get the share that fits them).
-        replicas: pipelines trained data-parallel: ``devices x num_nodes`` processes form
-            ``replicas`` pipelines of equal size, each reading its own shard of the data;
-            gradients are averaged between the ranks that run the same stages.
-        pipeline: attribute name of the ``nn.Sequential`` (default: the only one).
-        placement: ``"client-server"`` (rank 0 runs the first and last stage) or ``"chain"``.
-        nonfinite: ``"raise"`` stops on NaN/Inf crossing a cut, ``"skip"`` skips that step on every rank.
-        checkpoint: activation recomputation per stage (torchgpipe's): ``"always"``,
-            ``"except_last"`` (all micro-batches but the last) or ``"never"``.
-        timeout: bound on every wait for a peer (and the process group's collectives).
-        start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
-        process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).
-        verify_checksum: CRC32 every CPU payload.
-
+{ARGUMENTS}
     Example::
 
         trainer = L.Trainer(accelerator="cpu", devices=3,
@@ -186,20 +136,15 @@ class EPipeStrategy(ParallelStrategy):
         self._tuner = AutoTuner(**self.config.auto_kwargs) if self.config.auto else None
         self._sample_ids = SampleIdRecorder()
         self.stats = PipelineStats()
-        self._plan: Optional[PipelinePlan] = None
+        self._assembly: Optional[RankAssembly] = None  # this rank's part of the pipeline, after setup
         self._runtime: Optional[PipelineRuntime] = None
         self._sigterm_broadcast: Optional[AsyncSigtermBroadcast] = None
         self._transport: Optional[Transport] = None  # global ranks: checkpoint state
         self._pipe_transport: Optional[Transport] = None  # this pipeline's ranks: the training's messages
         self._stream_groups: Optional[tuple[StreamGroups, Any]] = None
         self._stage_groups: list[Any] = []
-        self._codecs: Optional[CodecBook] = None
-        self._pipeline: Optional[nn.Sequential] = None
-        self._pipeline_attr: Optional[str] = None
-        self._bottlenecks: dict[int, BottleneckPair] = {}
         self._failed = False
         self._checkpoint = ckpt.PipelineCheckpoint()
-        self._client_backup: dict[str, Tensor] = {}
         self._skip_backward = False
         self._stash = GradientStash()
         self._client = ClientStep(self.config, self.stats, self._sample_ids, self._stash)
@@ -279,9 +224,9 @@ class EPipeStrategy(ParallelStrategy):
     @property
     def plan(self) -> PipelinePlan:
         """Which layers each stage holds and which rank runs it (after setup)."""
-        if self._plan is None:
+        if self._assembly is None:
             raise RuntimeError("The pipeline plan exists only after the Trainer has set up the strategy.")
-        return self._plan
+        return self._assembly.plan
 
     @property
     def runtime(self) -> PipelineRuntime:
@@ -301,7 +246,7 @@ class EPipeStrategy(ParallelStrategy):
 
     def compressor_description(self) -> dict[str, list[str]]:
         """The codec per cut and direction, e.g. ``{"activation": ["sortquant(bits=8)", ...]}``."""
-        return self._codecs.describe() if self._codecs else {}
+        return self._assembly.codecs.describe() if self._assembly else {}
 
     def check_model(self, model: LightningModule) -> PipelinePlan:
         """Validate the module against this configuration; raises before any process starts."""
@@ -311,17 +256,7 @@ class EPipeStrategy(ParallelStrategy):
 
     @override
     def _configure_launcher(self) -> None:
-        assert self.cluster_environment is not None
-        device_type = self.parallel_devices[0].type if self.parallel_devices else "cpu"
-        if self._backend == "nccl" and device_type != "cuda":
-            raise ValueError(
-                f"process_group_backend='nccl' needs CUDA devices but the accelerator gives {device_type!r}:"
-                " leave process_group_backend unset (gloo on CPU, NCCL on CUDA) or use accelerator='gpu'"
-            )
-        if self.config.start_method == "popen":
-            self._launcher = ScriptLauncher(self, self.cluster_environment, self.num_processes, self.num_nodes)
-        else:
-            self._launcher = SpawnLauncher(self, start_method=self.config.start_method)
+        self._launcher = make_launcher(self, self._backend)
 
     @override
     def setup_environment(self) -> None:
@@ -329,15 +264,9 @@ class EPipeStrategy(ParallelStrategy):
         reset_seed()
         self.set_world_ranks()
         self._backend = self._backend or _get_default_process_group_backend_for_device(self.root_device)
-        # Processes start at different speeds (imports, data set-up): the rendezvous gets at
-        # least the default 10 minutes; afterwards every collective is bounded by `timeout`.
-        timeout = self.config.timeout
-        _init_dist_connection(self.cluster_environment, self._backend, timeout=max(timeout, _RENDEZVOUS_TIMEOUT))
-        if timeout < _RENDEZVOUS_TIMEOUT:
-            set_collective_timeout(timeout)
+        start_process_group(self.cluster_environment, self._backend, self.config.timeout)
         layout = self.layout
-        if self._stream_groups is None:  # once per process: fit and a later test share them
-            # every rank creates every group, in the same order
+        if self._stream_groups is None:  # once per process (fit and a later test share them), in the same order on every rank
             self._stream_groups = create_stream_groups(layout, self.placement, self.global_rank, self._backend)
             if layout.replicas > 1:
                 self._stage_groups = [dist.new_group(list(layout.stage_group(k))) for k in range(layout.size)]
@@ -362,25 +291,10 @@ class EPipeStrategy(ParallelStrategy):
             )
         self.accelerator.setup(trainer)
         module = self.lightning_module
-        plan = self.check_model(module)
-        self._pipeline_attr, layers = find_pipeline(module, self.config.pipeline)
-        if self.config.balance == "time":  # measured once: later stages (test, predict) keep the split
-            reuse = self._plan is not None and self._plan.num_layers == len(layers)
-            plan = self._plan if reuse else plan_by_time(module, layers, self.config, self.layout.size, self.global_rank,
-                                                         self.root_device, self.num_processes)
-        self._plan, self._pipeline = plan, layers
-        delta = self.config.delta
-        if delta is not None and delta.cache_limit is None:  # sized for the stage's own device
-            self.config = replace(self.config, delta=replace(delta, cache_limit=default_cache_limit(self.root_device, self.num_processes)))
-            self._client.config = self.config
-            self._codecs = None
-        if self._codecs is None or len(self._codecs.specs["activation"]) != plan.num_cuts:
-            self._codecs = self.config.codec_book(plan.num_cuts)
         saved = (self._checkpoint.resume or {}).get("bottlenecks")
-        self._bottlenecks = install_bottlenecks(
-            module, layers, plan, self._codecs.bottlenecks(), self.global_rank, self.root_device, saved
-        )  # built on global rank 0, broadcast to every replica
-        self._client_backup = release_foreign_layers(module, layers, plan, self.pipeline_rank, self._bottlenecks) or {}
+        self._assembly = assembly = assemble(module, self.config, self.check_model(module), self._assembly, self.layout.size,
+                                             self.pipeline_rank, self.global_rank, self.root_device, self.num_processes, saved)
+        plan, layers, codecs = assembly.plan, assembly.layers, assembly.codecs
         keep_metrics_local(module)
         # one replica: epoch-level logging has nothing to sync across ranks
         warnings.filterwarnings("ignore", message=r".*sync_dist=True.*when logging on epoch level.*")
@@ -388,7 +302,7 @@ class EPipeStrategy(ParallelStrategy):
         self.model_to_device()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
-            added = optimize_bottlenecks(getattr(module, ATTRIBUTE, None), bottleneck_lr(self._codecs.bottlenecks()),
+            added = optimize_bottlenecks(getattr(module, ATTRIBUTE, None), bottleneck_lr(codecs.bottlenecks()),
                                          self.optimizers, [c.scheduler for c in self.lr_scheduler_configs])
             if added and self.is_client:
                 log.info("EPipeStrategy: the first optimizer also trains the bottlenecks' %s", added)
@@ -401,11 +315,10 @@ class EPipeStrategy(ParallelStrategy):
                 self.config.verify_checksum, self.stats, self._backend)
             if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
-        self._runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, self._codecs, self.stats,
-                                        self.config.nonfinite, self.config.checkpoint, self._bottlenecks)
-        if self._checkpoint.resume is not None:
-            self._restore_codec_state()
-        if self.is_client:
+        self._runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
+                                        self.config.nonfinite, self.config.checkpoint, assembly.bottlenecks)
+        self._checkpoint.restore_codecs(codecs, self._tuner, list(plan.balance), self.global_rank)
+        if self.is_client:  # the user's self.layers(x) runs the pipeline: Lightning has no hook for a module's call
             layers.forward = self._pipelined_forward  # type: ignore[method-assign]
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
                            lambda: self.lightning_module.automatic_optimization)
@@ -454,7 +367,7 @@ class EPipeStrategy(ParallelStrategy):
 
     def _serve(self, training: bool, automatic: bool) -> Optional[Tensor]:
         """A server's step hook: what Lightning expects back once the client ended the step."""
-        hooks = ServerHooks(after_backward=self._after_backward, optimizer_step=self._server_optimizer_step,
+        hooks = ServerHooks(after_backward=self._after_backward, optimizer_step=partial(step_optimizer, self.lightning_module),
                             set_gradients_aside=lambda: self._stash.set_aside(self.lightning_module))
         end = serve_step(self.runtime, hooks, training)
         if end is StepEnd.STOPPED:  # as the client did: Lightning's way out on SIGTERM
@@ -465,13 +378,6 @@ class EPipeStrategy(ParallelStrategy):
             return torch.zeros((), device=self.root_device, requires_grad=True)  # Lightning's backward runs ours
         self.runtime.discard()
         return None
-
-    def _server_optimizer_step(self, index: int) -> None:
-        # through the LightningOptimizer, so this rank's global_step advances too
-        optimizers = self.lightning_module.optimizers(use_pl_optimizer=True)
-        optimizer = optimizers[index] if isinstance(optimizers, list) else optimizers
-        optimizer.step()
-        optimizer.zero_grad()
 
     def _skipped_step_loss(self) -> Tensor:
         """Lightning refuses ``None`` from a distributed training_step: return a zero loss
@@ -565,7 +471,7 @@ class EPipeStrategy(ParallelStrategy):
 
     def _owned_state(self) -> dict[str, Tensor]:
         owned = None if self.is_client else self.plan.layers_of(self.pipeline_rank)
-        return ckpt.owned_state(self.lightning_module, self._pipeline_attr, owned)
+        return ckpt.owned_state(self.lightning_module, self._assembly.pipeline_attr, owned)
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
@@ -587,18 +493,13 @@ class EPipeStrategy(ParallelStrategy):
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None) -> None:
-        extra = self._gather_extra_state()
+        """Rank 0 writes; every rank sends its codec streams' and RNG state into ``checkpoint["epipe"]``."""
+        extra = None if self._runtime is None else self._checkpoint.extra_state(
+            self._transport, self.world_size, self.global_rank, self._assembly.codecs.state_dict(), self.root_device,
+            list(self.plan.balance), self.placement, None if self._tuner is None else self._tuner.state_dict())
         if self.is_global_zero:
             checkpoint["epipe"] = extra
             self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-
-    def _gather_extra_state(self) -> Optional[dict[str, Any]]:
-        """Codec stream state and RNG state of every rank, keyed by rank (rank 0 only)."""
-        if self._runtime is None:
-            return None
-        return self._checkpoint.extra_state(self._transport, self.world_size, self.global_rank, self._codecs.state_dict(),
-                                            self.root_device, list(self.plan.balance), self.placement,
-                                            None if self._tuner is None else self._tuner.state_dict())
 
     @override
     def load_checkpoint(self, checkpoint_path: _PATH, weights_only: Optional[bool] = None) -> dict[str, Any]:
@@ -606,27 +507,19 @@ class EPipeStrategy(ParallelStrategy):
         self._checkpoint.resume = checkpoint.get("epipe")
         return checkpoint
 
-    def _restore_codec_state(self) -> None:
-        resume = self._checkpoint.resume
-        if self._tuner is not None and "auto" in resume:  # the codecs in force first, then their streams' state
-            self._tuner.load_state_dict(resume["auto"], self._codecs)
-        mine = self._checkpoint.mine(list(self.plan.balance), self.global_rank)
-        if mine and mine.get("codecs"):
-            self._codecs.load_state_dict(mine["codecs"])
-
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """``compressor="auto"``: every rank measures and decides at the same step (a collective)."""
         if self._tuner is not None and self._runtime is not None:
             step = self.lightning_module.trainer.global_step
             runtime = self._runtime
-            self._tuner.maybe_retune(step, self.plan, self.pipeline_rank, self._codecs, runtime.samples, self.root_device,
+            self._tuner.maybe_retune(step, self.plan, self.pipeline_rank, self._assembly.codecs, runtime.samples, self.root_device,
                                      self.layout.offset(self.global_rank), runtime.transport.rates,
                                      (self.stats.busy_seconds, runtime.microbatches_run))
 
     @override
     def on_train_start(self) -> None:
-        self._checkpoint.restore_rng(None if self._plan is None else list(self._plan.balance), self.global_rank, self.root_device)
+        self._checkpoint.restore_rng(None if self._assembly is None else list(self.plan.balance), self.global_rank, self.root_device)
 
     # ------------------------------------------------------------------ teardown
 
@@ -650,16 +543,8 @@ class EPipeStrategy(ParallelStrategy):
             self._sigterm_broadcast.uninstall(wait=not self._failed)
             self._sigterm_broadcast = None
         if module is not None and self._runtime is not None:
-            fitted = module._trainer is not None and module._trainer.state.fn == TrainerFn.FITTING
-            if fitted and not self._failed:  # rank 0's module holds every trained weight again (as after DDP)
-                merged = gather_tensors(self._transport, self.world_size, self._owned_state())
-                if merged is not None:
-                    module.load_state_dict(merged, strict=True, assign=True)
-            elif self.is_client and self._client_backup:
-                module.load_state_dict(self._client_backup, strict=False, assign=True)
-            self._client_backup = {}
-            if self._pipeline is not None:
-                self._pipeline.__dict__.pop("forward", None)
+            fitted = module._trainer is not None and module._trainer.state.fn == TrainerFn.FITTING and not self._failed
+            give_back(module, self._assembly, fitted, self._transport, self.world_size, self._owned_state())
         _optimizers_to_device(self.optimizers, torch.device("cpu"))
         if module is not None:
             module._apply(lambda t: t if t.is_meta else t.cpu())

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
 
-__all__ = ["ScriptLauncher", "SpawnLauncher"]
+__all__ = ["ScriptLauncher", "SpawnLauncher", "make_launcher"]
 
 
 class _ChecksModelFirst:
@@ -31,3 +31,17 @@ class SpawnLauncher(_ChecksModelFirst, _MultiProcessingLauncher):
     def __init__(self, strategy: Any, start_method: str) -> None:
         super().__init__(strategy, start_method=start_method)
         self._epipe_strategy = strategy
+
+
+def make_launcher(strategy: Any, backend: Optional[str]) -> Any:
+    """The launcher for ``strategy.config.start_method``, after checking that ``backend`` fits the devices."""
+    devices = strategy.parallel_devices
+    device_type = devices[0].type if devices else "cpu"
+    if backend == "nccl" and device_type != "cuda":
+        raise ValueError(
+            f"process_group_backend='nccl' needs CUDA devices but the accelerator gives {device_type!r}:"
+            " leave process_group_backend unset (gloo on CPU, NCCL on CUDA) or use accelerator='gpu'"
+        )
+    if strategy.config.start_method == "popen":
+        return ScriptLauncher(strategy, strategy.cluster_environment, strategy.num_processes, strategy.num_nodes)
+    return SpawnLauncher(strategy, start_method=strategy.config.start_method)

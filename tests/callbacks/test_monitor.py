@@ -7,12 +7,14 @@ from unittest import mock
 import lightning as L
 import pytest
 import torch
+from torch import nn
 from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from lightning_epipe import EPipeStrategy
 from lightning_epipe.callbacks import EPipeMonitor
 from lightning_epipe.strategy import plan_pipeline
+from lightning_epipe.strategy.assembly import RankAssembly
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 
 PLAN = plan_pipeline(4, 2, [1, 2, 1])  # ranks (0, 1, 0)
@@ -45,8 +47,7 @@ class Run:
 
     def __init__(self, rank: int, log_every: int = 2) -> None:
         self.strategy = EPipeStrategy(parallel_devices=[torch.device("cpu")] * 2)
-        self.strategy._plan = PLAN
-        self.strategy._codecs = self.strategy.config.codec_book(PLAN.num_cuts)
+        self.strategy._assembly = RankAssembly(PLAN, "layers", nn.Sequential(), self.strategy.config.codec_book(PLAN.num_cuts))
         self.trainer = mock.MagicMock()
         self.trainer.strategy = self.strategy
         self.trainer.is_global_zero = rank == 0

@@ -4,6 +4,7 @@
 - :func:`gather_tensors`: every rank's ``{name: Tensor}`` on rank 0, as one JSON description
   (names, dtypes, shapes) and one uint8 payload per rank, through the control stream.
 - :func:`probe_bandwidth`: a ping-pong between two ranks (what ``balance="time"`` sizes cuts by).
+- :func:`start_process_group`, :func:`set_collective_timeout`: the default group and its bound.
 """
 
 from __future__ import annotations
@@ -15,18 +16,31 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from lightning.fabric.utilities.distributed import _init_dist_connection
 from torch import Tensor
 
 from lightning_epipe.strategy.engine.timing import synchronize
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import Header, Kind, WireError
 
-__all__ = ["broadcast_json", "gather_tensors", "probe_bandwidth", "json_to_bytes", "bytes_to_json", "set_collective_timeout"]
+__all__ = ["broadcast_json", "gather_tensors", "probe_bandwidth", "json_to_bytes", "bytes_to_json", "set_collective_timeout",
+           "start_process_group"]
+
+RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
 
 _DTYPES = {str(d): d for d in (
     torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128,
 )}
+
+
+def start_process_group(cluster_environment: Any, backend: str, timeout: timedelta) -> None:
+    """Join the default process group. Processes start at different speeds (imports, data
+    set-up): the rendezvous gets at least the default 10 minutes; afterwards every collective
+    is bounded by ``timeout``."""
+    _init_dist_connection(cluster_environment, backend, timeout=max(timeout, RENDEZVOUS_TIMEOUT))
+    if timeout < RENDEZVOUS_TIMEOUT:
+        set_collective_timeout(timeout)
 
 
 def set_collective_timeout(timeout: timedelta) -> None:

@@ -30,7 +30,7 @@ from lightning_epipe.strategy.engine.microbatch import scatter
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 from lightning_epipe.strategy.comm.wire import Command, StepFlag
 
-__all__ = ["StepEnd", "ServerHooks", "serve_step"]
+__all__ = ["StepEnd", "ServerHooks", "serve_step", "step_optimizer"]
 
 
 class StepEnd(enum.Enum):
@@ -85,3 +85,12 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
             return StepEnd.EVALUATED
         else:
             raise RuntimeError(f"pipeline rank {runtime.rank}: unexpected command {msg.command.name}")
+
+
+def step_optimizer(module: Any, index: int) -> None:
+    """Manual optimization's ``OPTIMIZER_STEP`` on a server: step and zero optimizer ``index`` of the
+    LightningModule ``module``, through its ``LightningOptimizer`` so this rank's global_step advances too."""
+    optimizers = module.optimizers(use_pl_optimizer=True)
+    optimizer = optimizers[index] if isinstance(optimizers, list) else optimizers
+    optimizer.step()
+    optimizer.zero_grad()
