@@ -50,11 +50,12 @@ from .base import Compressor, check_int
 from .bitpack import pack, packed_nbytes, unpack
 from .packet import Packet, bytes_as
 from .registry import register_compressor
+from .sampling import fit_sample_size
 
 __all__ = ["HadamardQuant", "hadamard_transform", "random_signs", "hadamard_nbytes"]
 
 _META = 16
-#: Values of z / sigma sampled for the Lloyd fit (all of them for smaller tensors).
+#: Values of z / sigma sampled for the Lloyd fit at most (``256 L``; all of them for smaller tensors).
 SAMPLE = 1 << 16
 MAX_LOG2_BLOCK = 16
 _FACTOR = 64
@@ -132,7 +133,7 @@ class HadamardQuant(Compressor):
         sigma = z.square().mean(dim=1).sqrt().to(torch.bfloat16)                  # [R], <= 1
         safe = torch.where(sigma > 0, sigma, 1).float()
         u = (z / safe[:, None]).view(-1)                                          # [R * n]
-        levels = fit_levels(_sample(u, SAMPLE), levels_n, self.iterations)        # [L]
+        levels = fit_levels(_sample(u, fit_sample_size(levels_n, SAMPLE)), levels_n, self.iterations)  # [L]
         codes = _nearest(u, levels)
         meta = torch.tensor([seed, n.bit_length() - 1, self.bits, exponent], dtype=torch.int32)
         return torch.cat([

@@ -15,7 +15,8 @@ levels):
    most) get a level pinned at exactly that value, which Lloyd never moves. So a tie
    costs one level, not several, and decodes exactly. From ``PIN_ENDS_FROM`` levels (4
    bits) the tensor's min and max are pinned too, so they decode exactly.
-3. A histogram of a strided sample of ``SAMPLE`` elements on the grid, without the
+3. A histogram of a strided sample of ``256 L`` elements (at most ``SAMPLE``:
+   ``sampling.fit_sample_size``) on the grid, without the
    spikes: per cell a count and the sum of the values, so a cell stands for its mean.
 4. Initial free levels: equal-weight quantiles of the non-empty cells, each sampled value
    weighted by ``density**(-2/3)`` (the density from the ``NEIGHBOURS`` nearest non-empty
@@ -78,14 +79,14 @@ from .base import Compressor, check_int
 from .bitpack import pack_into, packed_nbytes, unpack_range
 from .cache_blocks import cache_blocks
 from .grid import GRID, Grid, grid_size
-from .sampling import strided_sample
+from .sampling import fit_sample_size, strided_sample
 from .packet import Packet, bytes_as
 from .registry import register_compressor
 
 __all__ = ["LloydMax", "Grid", "fit_levels", "cell_codes", "lloydmax_nbytes", "GRID", "SAMPLE",
            "SPIKE_SAMPLE", "NEIGHBOURS"]
 
-#: Elements sampled for the histogram (all of them for smaller tensors).
+#: Elements sampled for the histogram at most (``256 L``; all of them for smaller tensors).
 SAMPLE = 1 << 16
 #: Elements of that sample searched for repeated values (spikes).
 SPIKE_SAMPLE = 1 << 12
@@ -151,7 +152,7 @@ class LloydMax(Compressor):
             codes_out.zero_()
             return payload
 
-        levels, pinned = fit_levels(strided_sample(flat, SAMPLE), grid, levels_n, self.iterations,
+        levels, pinned = fit_levels(strided_sample(flat, fit_sample_size(levels_n, SAMPLE)), grid, levels_n, self.iterations,
                                     torch.stack([low, high]).double())
         codebook = levels.float()                                                # [L]
         payload[_PREFIX:_PREFIX + 4 * levels_n] = codebook.view(torch.uint8)

@@ -9,9 +9,25 @@ import functools
 
 import torch
 
-__all__ = ["strided_sample"]
+__all__ = ["strided_sample", "fit_sample_size", "PER_LEVEL", "MIN_FIT_SAMPLE"]
 
 _GOLDEN = 0.6180339887498949
+
+#: Sampled values each fitted level rests on: a codebook of L levels is fitted on 256 L values
+#: (65536 at 8 bits, 4096 at 4 bits and below: ``MIN_FIT_SAMPLE``). More only fits the
+#: sample's noise and costs time: 4-bit Lloyd-Max on [32, 1024] activations, 32768 -> 4096
+#: values: encode 1.9 -> 1.0 ms, relative error 0.0541 -> 0.0544; 4-bit Hadamard: 2.7 -> 0.9 ms,
+#: 0.0954 -> 0.0956.
+PER_LEVEL = 256
+#: The smallest fit sample: a few levels still need a view of the tails (2-bit Lloyd-Max
+#: on heavy-tailed gradients fitted on 1024 values gains only 5% over its initial levels).
+MIN_FIT_SAMPLE = 4096
+
+
+def fit_sample_size(levels_n: int, cap: int) -> int:
+    """Elements to fit ``levels_n`` levels on: ``PER_LEVEL`` per level, at least
+    ``MIN_FIT_SAMPLE``, at most ``cap``."""
+    return min(cap, max(MIN_FIT_SAMPLE, PER_LEVEL * levels_n))
 
 
 def strided_sample(flat: torch.Tensor, size: int) -> torch.Tensor:
