@@ -15,7 +15,8 @@ average at start and end.
 Tensors: a ReLU6 activation (MobileNetV2-like, conv output ~ N(0, 2) through ReLU6: about
 half zeros and a few at 6), a GELU activation [8, 128, 768] (RoBERTa-like), and a
 gradient-like tensor of each shape (normal times a log-normal scale, heavy-tailed like real
-gradients, ~1e-3). Prints a markdown table and writes ``benchmarks/results/compressors.png``.
+gradients, ~1e-3). Prints a markdown table and writes ``benchmarks/results/compressors.png``
+and ``compressors.json`` (rows, table, load average before and after).
 Times are the best of ``--repeats`` rounds over all codecs, with ``--threads`` torch threads
 (not a test: numbers vary with the load of the machine).
 """
@@ -55,6 +56,7 @@ CODECS = [
     ("sortquant", {"bits": 12}),
     ("lloydmax", {"bits": 4}),
     ("lloydmax", {"bits": 8}),
+    ("hadamard", {"bits": 4}),
     ("topk", {"fraction": 0.1}),
     ("topk", {"fraction": 0.1, "bits": 8}),
     ("powersgd", {"rank": 4}),
@@ -69,6 +71,7 @@ OVERHEAD_CODECS = [
     ("sortquant", {"bits": 8}),
     ("sortquant", {"bits": 8, "boundaries": "exact"}),
     ("lloydmax", {"bits": 4}),
+    ("hadamard", {"bits": 4}),
     ("topk", {"fraction": 0.1}),
     ("topk", {"fraction": 0.1, "bits": 8}),
     ("powersgd", {"rank": 4}),
@@ -120,7 +123,7 @@ def measure(x: torch.Tensor, repeats: int) -> list[dict]:
         y = codec.decode(packet)
         rows.append({
             "codec": label(name, kwargs),
-            "bits": kwargs.get("bits") if name in ("quantize", "sortquant", "lloydmax") else None,
+            "bits": kwargs.get("bits") if name in ("quantize", "sortquant", "lloydmax", "hadamard") else None,
             "ratio": packet.nbytes / (x.numel() * x.element_size()),
             "error": float((y.double() - x.double()).norm() / x.double().norm()),
             "encode": 1e3 * min(enc),
@@ -238,6 +241,31 @@ def overhead_line(row: dict) -> str:
     return f"| {size_label} | {row['codec']} | {before} | {row['after_us']:.0f} | {ratio} |"
 
 
+#: Sizes (bytes) of the overhead summary table.
+SUMMARY_SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 26]
+
+
+def overhead_summary(rows: list[dict]) -> str:
+    """Per codec, us per call at ``SUMMARY_SIZES`` (ms from 1 ms on), with after / before in brackets."""
+    def cell(row: dict | None) -> str:
+        if row is None:
+            return "-"
+        us = row["after_us"]
+        text = f"{us / 1e3:.0f} ms" if us >= 1e4 else f"{us:.0f}"
+        return f"{text} ({row['ratio']:.2f})" if "ratio" in row else text
+
+    sizes = [f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" for n in SUMMARY_SIZES]
+    lines = ["| codec | " + " | ".join(sizes) + " |", "|---|" + "---:|" * len(sizes)]
+    for codec in dict.fromkeys(r["codec"] for r in rows):
+        at = {r["bytes"]: r for r in rows if r["codec"] == codec}
+        lines.append(f"| {codec} | " + " | ".join(cell(at.get(n)) for n in SUMMARY_SIZES) + " |")
+    return "\n".join(lines)
+
+
+def load_line(load: tuple[float, float, float]) -> str:
+    return f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)"
+
+
 def run_overhead(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # thread CPU time is the cost of a call only with one thread
     load_start = os.getloadavg()
@@ -247,7 +275,9 @@ def run_overhead(args: argparse.Namespace) -> None:
     result = overhead(args.baseline, args.rounds, args.budget)
     load_end = os.getloadavg()
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
-    result.update(load_start=load_start, load_end=load_end, tensor="relu(randn) [n/256, 256]")
+    summary = overhead_summary(result["rows"])
+    print(summary)
+    result.update(load_start=load_start, load_end=load_end, tensor="relu(randn) [n/256, 256]", summary=summary)
     out = Path(__file__).parent / "results" / "compressors_overhead.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
@@ -276,10 +306,18 @@ def main() -> None:
     if args.overhead:
         run_overhead(args)
         return
+    load_before = os.getloadavg()
+    print(load_line(load_before), flush=True)
     results = {name: measure(x, args.repeats) for name, x in tensors(args.full).items()}
-    print(table(results))
+    text = table(results)
+    print(text)
+    print(load_line(os.getloadavg()))
     plot(results, args.out)
-    print(f"\nwrote {args.out}")
+    data = args.out.with_suffix(".json")
+    data.write_text(json.dumps({"load_before": load_line(load_before), "load_after": load_line(os.getloadavg()),
+                                "threads": torch.get_num_threads(), "repeats": args.repeats, "full": args.full,
+                                "results": results, "table": text}, indent=1))
+    print(f"\nwrote {args.out} and {data}")
 
 
 if __name__ == "__main__":
