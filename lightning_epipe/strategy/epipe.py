@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import logging
 import warnings
-from functools import partial
 from datetime import timedelta
+from functools import partial
 from pathlib import Path, PurePath
 from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
