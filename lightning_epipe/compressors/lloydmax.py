@@ -53,19 +53,19 @@ i.e. ``4 + 4 * 2**bits + ceil(N * bits / 8)`` bytes. ``bits`` is 1..8: the codeb
 ``4 * 2**bits`` bytes (1 KiB at 8 bits, but 16 KiB at 12), and 256 levels are already
 fitted on ~256 sampled values each; more levels would mostly fit sampling noise.
 
-Measured (``python benchmarks/compressors.py``, 2 CPU threads shared with other jobs, so
-+-30%; relative L2 error, encode ms):
+Measured (``python benchmarks/compressors.py --full``, 2 threads, idle machine;
+``results/compressors.json``; relative L2 error, encode ms):
 
     tensor                     bits   quantize        sortquant       lloydmax
-    relu6 [8, 32, 112, 112]    4      5.8e-2  4.6     1.2e-1  15.7    4.8e-2  13.2
-    relu6 [8, 32, 112, 112]    8      3.4e-3  2.9     7.9e-3   9.6    2.9e-3  10.6
-    its gradient               4      6.3e-1  4.6     5.3e-1  11.7    1.4e-1  10.0
-    its gradient               8      3.4e-2  2.8     4.7e-2   9.8    1.1e-2   8.1
-    gelu [8, 128, 768]         4      1.3e-1  1.8     2.1e-1   5.0    6.5e-2   6.3
-    gelu [8, 128, 768]         8      8.4e-3  1.2     1.5e-2   4.5    4.8e-3   5.4
+    relu6 [32, 32, 112, 112]   4      5.8e-2   8.4    1.2e-1  20.2    4.9e-2  13.6
+    relu6 [32, 32, 112, 112]   8      3.4e-3   4.8    7.8e-3  17.0    2.9e-3  12.1
+    its gradient               4      6.1e-1   8.3    5.9e-1  19.7    1.6e-1  13.7
+    its gradient               8      3.9e-2   4.7    5.4e-2  16.8    1.2e-2  11.8
+    gelu [8, 128, 768]         4      1.3e-1   0.7    2.1e-1   1.8    7.1e-2   2.3
+    gelu [8, 128, 768]         8      8.5e-3   0.3    1.5e-2   1.4    4.4e-3   2.5
 
-Encoding takes 2-4.5x the time of ``quantize`` (the fit costs ~3-4 ms whatever N, so
-the ratio is highest for small tensors); decoding the same time as ``quantize``.
+Encoding takes 1.6-7.6x the time of ``quantize`` (the fit costs about the same whatever
+N, so the ratio is highest for small tensors); decoding about the time of ``quantize``.
 
 Shape legend: N elements, L levels, G grid cells, M sampled elements, E non-empty cells,
 P pinned levels.
