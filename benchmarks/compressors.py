@@ -9,7 +9,7 @@ so other load on the machine does not count) on ReLU activations [n / 256, 256]
 from 1 KiB to 64 MiB, for every codec of ``OVERHEAD_CODECS``; with ``--baseline REV``
 the codecs of git revision REV (its ``lightning_epipe/compressors``, loaded under another
 name) are timed in the same rounds, call for call, and the table shows before, after
-and after / before. Writes ``benchmarks/results/compressors_overhead.json`` with the load
+and after / before. Writes ``benchmarks/results/compressors_overhead.json`` (``--overhead-out``) with the load
 average at start and end.
 
 Tensors: a ReLU6 activation (MobileNetV2-like, conv output ~ N(0, 2) through ReLU6: about
@@ -278,7 +278,7 @@ def run_overhead(args: argparse.Namespace) -> None:
     summary = overhead_summary(result["rows"])
     print(summary)
     result.update(load_start=load_start, load_end=load_end, tensor="relu(randn) [n/256, 256]", summary=summary)
-    out = Path(__file__).parent / "results" / "compressors_overhead.json"
+    out = Path(__file__).parent / "results" / args.overhead_out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"\nwrote {out}")
@@ -290,6 +290,8 @@ def main() -> None:
                         help="per-call encode + decode time by tensor size (1 KiB..64 MiB)")
     parser.add_argument("--baseline", metavar="REV",
                         help="with --overhead: time the codecs of this git revision too")
+    parser.add_argument("--overhead-out", default="compressors_overhead.json",
+                        help="with --overhead: file name under benchmarks/results")
     parser.add_argument("--rounds", type=int, default=5,
                         help="with --overhead: rounds per codec and size (median taken)")
     parser.add_argument("--budget", type=float, default=0.02,
