@@ -37,9 +37,10 @@ class ErrorFeedback(Compressor):
 
     Example:
         >>> c = ErrorFeedback("topk", fraction=0.25)
-        >>> x = torch.randn(1000)
+        >>> x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
         >>> sent = sum(c.decode(c.encode(x)) for _ in range(8))   # the same x, eight times
-        >>> bool((sent - 8 * x).norm() < x.norm())                # one residual behind
+        >>> # one residual behind (1.3-1.5 |x|); without feedback 8 |x - topk(x)| (4.0-4.5 |x|)
+        >>> bool((sent - 8 * x).norm() < 2 * x.norm())
         True
     """
 

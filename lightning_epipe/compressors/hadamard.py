@@ -80,11 +80,11 @@ class HadamardQuant(Compressor):
 
     Example:
         >>> c = HadamardQuant(bits=4)
-        >>> x = torch.randn(64, 384)
+        >>> x = torch.randn(64, 384, generator=torch.Generator().manual_seed(0))
         >>> x[:, 7] *= 30                                # an outlier channel
         >>> y = c.decode(c.encode(x))
         >>> float((y - x).norm() / x.norm()) < 0.1, round(c.ratio(x), 3)
-        (True, 0.13)
+        (True, 0.128)
     """
 
     name = "hadamard"

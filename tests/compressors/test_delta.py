@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
 
 import pytest
 import torch
 
-from lightning_epipe.compressors import PacketError, delta
+from lightning_epipe.compressors import PacketError
 from lightning_epipe.compressors.delta import CacheTooLarge, DeltaCompressor, SampleCache
 
 
@@ -20,10 +19,6 @@ def send(sender, receiver, x, ids, num_samples=0):
     receiver.bind(ids, num_samples)
     packet = sender.encode(x)
     return packet, receiver.decode(packet)
-
-
-def test_doctests():
-    assert doctest.testmod(delta, extraglobs={"torch": torch}).failed == 0
 
 
 def test_first_crossing_is_exact_with_an_uncompressed_first_codec():

@@ -1,4 +1,3 @@
-import doctest
 import math
 
 import pytest
@@ -25,10 +24,6 @@ def default_profiles() -> list[CodecProfile]:
 
 def by_label(profiles: list[CodecProfile]) -> dict[str, CodecProfile]:
     return {p.label: p for p in profiles}
-
-
-def test_doctests():
-    assert doctest.testmod(profile, extraglobs={"torch": torch}).failed == 0
 
 
 def test_every_default_candidate_is_profiled(default_profiles):
