@@ -79,7 +79,7 @@ class Compressor(abc.ABC):
             raise PacketError(f"{self.name} packets hold floating tensors, this one says "
                               f"{packet.dtype}")
         if packet.shape.numel() == 0:
-            self._expect(packet, packet.payload.numel() == 0, "an empty tensor has no payload")
+            self.expect_packet(packet, packet.payload.numel() == 0, "an empty tensor has no payload")
             return torch.empty(packet.shape, dtype=packet.dtype, device=packet.payload.device)
         return self._decode(packet)
 
@@ -123,7 +123,7 @@ class Compressor(abc.ABC):
     def _decode(self, packet: Packet) -> torch.Tensor:
         """A non-empty packet of this codec -> tensor of packet.shape and packet.dtype."""
 
-    def _check_finite(self, x: torch.Tensor, probe: torch.Tensor | float | None = None) -> None:
+    def raise_if_nonfinite(self, x: torch.Tensor, probe: torch.Tensor | float | None = None) -> None:
         """Raise NonFiniteError if ``x`` holds NaN or Inf (unless ``check_finite=False``).
 
         probe: a cheap 0-d tensor or host float that is non-finite whenever x is (default:
@@ -144,7 +144,7 @@ class Compressor(abc.ABC):
                 f"{inf} Inf) in a tensor of shape {list(x.shape)}; pass check_finite=False "
                 "to send them unchecked")
 
-    def _expect(self, packet: Packet, ok: bool, what: str) -> None:
+    def expect_packet(self, packet: Packet, ok: bool, what: str) -> None:
         """Raise PacketError saying ``what`` unless ``ok``."""
         if not ok:
             raise PacketError(f"{self.name} packet of shape {list(packet.shape)} and "

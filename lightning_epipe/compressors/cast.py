@@ -35,14 +35,14 @@ class NoCompression(Compressor):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_complex():
-            self._check_finite(x, probe=x.sum())
+            self.raise_if_nonfinite(x, probe=x.sum())
         elif x.is_floating_point():
-            self._check_finite(x)
+            self.raise_if_nonfinite(x)
         return x.reshape(-1).view(torch.uint8)
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         numel, itemsize = packet.shape.numel(), packet.dtype.itemsize
-        self._expect(packet, packet.payload.numel() == numel * itemsize,
+        self.expect_packet(packet, packet.payload.numel() == numel * itemsize,
                      f"{numel} values of {packet.dtype} take {numel * itemsize} bytes")
         return bytes_as(packet.payload, packet.dtype).clone().reshape(packet.shape)
 
@@ -57,7 +57,7 @@ class _Cast(Compressor):
     wire: ClassVar[torch.dtype]
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_finite(x)
+        self.raise_if_nonfinite(x)
         y = x.to(self.wire)
         if self.check_finite and y.dtype != x.dtype and not bool(
                 torch.isfinite(y.sum(dtype=torch.float32))):
@@ -71,7 +71,7 @@ class _Cast(Compressor):
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         numel, itemsize = packet.shape.numel(), self.wire.itemsize
-        self._expect(packet, packet.payload.numel() == numel * itemsize,
+        self.expect_packet(packet, packet.payload.numel() == numel * itemsize,
                      f"{numel} values of {self.wire} take {numel * itemsize} bytes")
         y = bytes_as(packet.payload, self.wire)
         y = y.clone() if packet.dtype == self.wire else y.to(packet.dtype)

@@ -161,7 +161,7 @@ class DeltaCompressor(Compressor):
         self._reserve = num_samples
 
     def _encode(self, x: Tensor) -> Tensor:
-        self._check_finite(x)
+        self.raise_if_nonfinite(x)
         ids = self._ids
         if ids is None or x.dim() == 0:
             return self._payload(0, 0, 0, self.first.encode(x), None)
@@ -176,22 +176,22 @@ class DeltaCompressor(Compressor):
 
     def _decode(self, packet: Packet) -> Tensor:
         payload = packet.payload
-        self._expect(packet, payload.numel() >= _PREFIX.size, f"shorter than the {_PREFIX.size}-byte prefix")
+        self.expect_packet(packet, payload.numel() >= _PREFIX.size, f"shorter than the {_PREFIX.size}-byte prefix")
         mode, n_new, n_seen, first_nbytes = _PREFIX.unpack(bytes(payload[:_PREFIX.size].tolist()))
-        self._expect(packet, mode in (0, 1) and _PREFIX.size + first_nbytes <= payload.numel(),
+        self.expect_packet(packet, mode in (0, 1) and _PREFIX.size + first_nbytes <= payload.numel(),
                      f"prefix says mode {mode}, first packet of {first_nbytes} bytes")
         first = Packet.from_bytes(payload[_PREFIX.size:_PREFIX.size + first_nbytes])
         rest = payload[_PREFIX.size + first_nbytes:]
         if mode == 0:
-            self._expect(packet, rest.numel() == 0 and first.shape == packet.shape, "mode 0 holds one packet of the full shape")
+            self.expect_packet(packet, rest.numel() == 0 and first.shape == packet.shape, "mode 0 holds one packet of the full shape")
             return self.first.decode(first).to(packet.dtype)
         ids = self._ids
-        self._expect(packet, ids is not None, "a delta packet needs the sample ids of its rows (bind(ids))")
+        self.expect_packet(packet, ids is not None, "a delta packet needs the sample ids of its rows (bind(ids))")
         ids = self._check_ids(ids, packet.shape[0], payload.device)
         like = torch.empty((1, *packet.shape[1:]), dtype=packet.dtype, device=payload.device)
         self.cache.reserve(max(self._reserve, int(ids.max()) + 1), like)
         seen = self.cache.seen[ids]
-        self._expect(packet, int(seen.sum()) == n_seen and ids.numel() - n_seen == n_new,
+        self.expect_packet(packet, int(seen.sum()) == n_seen and ids.numel() - n_seen == n_new,
                      f"{n_seen} rows are deltas on the sender, {int(seen.sum())} here: the two caches of this cut"
                      " diverged (were steps lost or replayed?)")
         delta = Packet.from_bytes(rest)

@@ -120,7 +120,7 @@ class HadamardQuant(Compressor):
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         flat = x.reshape(-1).to(work)
-        self._check_finite(flat)
+        self.raise_if_nonfinite(flat)
         exponent = int(torch.frexp(flat.abs().max()).exponent)                    # max |x| < 2**exponent
         seed = (self.seed + self._encodes) % (1 << 31)
         self._encodes += 1
@@ -145,20 +145,20 @@ class HadamardQuant(Compressor):
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         payload, numel = packet.payload, packet.shape.numel()
-        self._expect(packet, payload.numel() >= _META, f"payload shorter than its {_META}-byte prefix")
+        self.expect_packet(packet, payload.numel() >= _META, f"payload shorter than its {_META}-byte prefix")
         seed, log2_block, bits, exponent = bytes_as(payload[:_META], torch.int32).tolist()
-        self._expect(packet, 2 <= bits <= 8 and 1 <= log2_block <= MAX_LOG2_BLOCK and seed >= 0
+        self.expect_packet(packet, 2 <= bits <= 8 and 1 <= log2_block <= MAX_LOG2_BLOCK and seed >= 0
                      and abs(exponent) <= 1100, f"bad prefix (seed {seed}, log2 block {log2_block}, "
                      f"bits {bits}, exponent {exponent})")
         n, levels_n = 1 << log2_block, 1 << bits
         rows = -(-numel // n)
         expected = hadamard_nbytes(numel, n, bits)
-        self._expect(packet, payload.numel() == expected,
+        self.expect_packet(packet, payload.numel() == expected,
                      f"{bits}-bit codes in blocks of {n} take {expected} payload bytes")
         at = _META + 4 * levels_n
         levels = bytes_as(payload[_META:at], torch.float32)
         sigma = bytes_as(payload[at: at + 2 * rows], torch.bfloat16).float()
-        self._expect(packet, bool(torch.isfinite(levels).all() and torch.isfinite(sigma).all()
+        self.expect_packet(packet, bool(torch.isfinite(levels).all() and torch.isfinite(sigma).all()
                                   and (sigma >= 0).all() and (sigma <= 1).all()),
                      "levels not finite or scales outside [0, 1]")
         codes = unpack(payload[at + 2 * rows:], bits, rows * n).long()

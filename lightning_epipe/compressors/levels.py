@@ -160,13 +160,13 @@ def write_codes(flat: torch.Tensor, bits: int, code_of: Callable[[torch.Tensor],
 def read_levels(codec: Compressor, packet: Packet) -> Levels:
     """Parse and check a levels payload against the packet's shape."""
     payload, numel = packet.payload, packet.shape.numel()
-    codec._expect(packet, payload.numel() >= _PREFIX, f"shorter than the {_PREFIX}-byte prefix")
+    codec.expect_packet(packet, payload.numel() >= _PREFIX, f"shorter than the {_PREFIX}-byte prefix")
     bits, split, entries, pad = host_bytes(payload, _PREFIX).tolist()
-    codec._expect(packet, 2 <= bits <= 16 and 0 <= split < bits and pad == 0,
+    codec.expect_packet(packet, 2 <= bits <= 16 and 0 <= split < bits and pad == 0,
                   f"prefix says bits={bits} split={split} (pad {pad}); expected "
                   "bits in 2..16, split in 0..bits-1, zero padding")
     expected = levels_nbytes(numel, bits, split, entries)
-    codec._expect(packet, payload.numel() == expected,
+    codec.expect_packet(packet, payload.numel() == expected,
                   f"{numel} codes of {bits} bits with split {split} and {entries} exact "
                   f"values take {expected} payload bytes")
     k = 1 << split
@@ -175,10 +175,10 @@ def read_levels(codec: Compressor, packet: Packet) -> Levels:
     lo = raw[:4 * k].view("<f4")
     step = raw[4 * k:8 * k].view("<f4")
     codes, values = parse_exact(raw[8 * k:], entries)
-    codec._expect(packet, bool(np.isfinite(raw[:8 * k].view("<f4")).all()
+    codec.expect_packet(packet, bool(np.isfinite(raw[:8 * k].view("<f4")).all()
                                and (step >= 0).all()),
                   "bucket tables hold a non-finite value or a negative step")
-    codec._expect(packet, bool(np.isfinite(values).all() and (codes < (1 << bits)).all()),
+    codec.expect_packet(packet, bool(np.isfinite(values).all() and (codes < (1 << bits)).all()),
                   f"the exact table holds a non-finite value or a code past {(1 << bits) - 1}")
     return Levels(bits, split, lo, step, codes, values, payload[head:])
 

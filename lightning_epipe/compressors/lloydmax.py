@@ -139,7 +139,7 @@ class LloydMax(Compressor):
         low, high = torch.aminmax(flat)
         lo = low.double()
         span = high.double() - lo
-        self._check_finite(flat, probe=span)
+        self.raise_if_nonfinite(flat, probe=span)
         grid = Grid.over(lo, span, grid_size(count))
 
         payload = torch.empty(lloydmax_nbytes(count, bits), dtype=torch.uint8,
@@ -168,19 +168,19 @@ class LloydMax(Compressor):
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         payload, numel = packet.payload, packet.shape.numel()
-        self._expect(packet, payload.numel() >= _PREFIX,
+        self.expect_packet(packet, payload.numel() >= _PREFIX,
                      f"shorter than the {_PREFIX}-byte prefix")
         bits, pad0, pad1, pad2 = payload[:_PREFIX].tolist()
-        self._expect(packet, MIN_BITS <= bits <= MAX_BITS and pad0 == pad1 == pad2 == 0,
+        self.expect_packet(packet, MIN_BITS <= bits <= MAX_BITS and pad0 == pad1 == pad2 == 0,
                      f"prefix says bits={bits} (pad {pad0}, {pad1}, {pad2}); expected bits in "
                      f"{MIN_BITS}..{MAX_BITS} and zero padding")
         expected = lloydmax_nbytes(numel, bits)
-        self._expect(packet, payload.numel() == expected,
+        self.expect_packet(packet, payload.numel() == expected,
                      f"{numel} codes of {bits} bits with a codebook of {1 << bits} levels "
                      f"take {expected} payload bytes")
         levels_n = 1 << bits
         codebook = bytes_as(payload[_PREFIX:_PREFIX + 4 * levels_n], torch.float32)
-        self._expect(packet, bool(torch.isfinite(codebook).all()),
+        self.expect_packet(packet, bool(torch.isfinite(codebook).all()),
                      "the codebook holds a non-finite value")
         table = codebook.to(packet.dtype)                                        # [L]
         codes = payload[_PREFIX + 4 * levels_n:]

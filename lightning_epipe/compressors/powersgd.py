@@ -72,7 +72,7 @@ class PowerSGD(Compressor):
         # A small (e.g. the last) micro-batch can have fewer rows than the rank: then the
         # factors are full rank and exact; the rank used travels in the prefix.
         rank = min(self.rank, m, n)
-        self._check_finite(x)
+        self.raise_if_nonfinite(x)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         matrix = x.reshape(b, m, n).to(work)
         q = self._q
@@ -96,11 +96,11 @@ class PowerSGD(Compressor):
     def _decode(self, packet: Packet) -> torch.Tensor:
         payload = packet.payload
         b, m, n = matrix_shape(packet.shape)
-        self._expect(packet, payload.numel() >= _PREFIX.size,
+        self.expect_packet(packet, payload.numel() >= _PREFIX.size,
                      f"shorter than the {_PREFIX.size}-byte prefix")
         code, pad0, pad1, pad2, rank = _PREFIX.unpack(bytes(payload[:_PREFIX.size].tolist()))
         wires = {DTYPE_CODES[d]: d for d in (packet.dtype, torch.float32)}
-        self._expect(packet, code in wires and pad0 == pad1 == pad2 == 0
+        self.expect_packet(packet, code in wires and pad0 == pad1 == pad2 == 0
                      and 1 <= rank <= min(m, n),
                      f"prefix says wire dtype code {code}, rank {rank} (pad {pad0}, {pad1}, "
                      f"{pad2}); expected the code of {packet.dtype} or float32, rank in "
@@ -108,7 +108,7 @@ class PowerSGD(Compressor):
         wire = wires[code]
         p_nbytes, q_nbytes = (b * m * rank * wire.itemsize, b * n * rank * wire.itemsize)
         expected = _PREFIX.size + p_nbytes + q_nbytes
-        self._expect(packet, payload.numel() == expected,
+        self.expect_packet(packet, payload.numel() == expected,
                      f"P [{b}, {m}, {rank}] and Q [{b}, {n}, {rank}] of {wire} take {expected} "
                      "bytes with the prefix")
         work = torch.float64 if packet.dtype == torch.float64 else torch.float32

@@ -48,7 +48,7 @@ class Quantize(Compressor):
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         levels = read_levels(self, packet)
-        self._expect(packet, levels.split == 0, f"split is {levels.split}, quantize uses 0")
+        self.expect_packet(packet, levels.split == 0, f"split is {levels.split}, quantize uses 0")
         return lookup(levels, packet.shape.numel(), packet.dtype).reshape(packet.shape)
 
 
@@ -60,7 +60,7 @@ def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Te
     """
     lo, hi = torch.stack(torch.aminmax(flat)).tolist()
     span = hi - lo
-    codec._check_finite(flat, probe=span)
+    codec.raise_if_nonfinite(flat, probe=span)
     top = (1 << bits) - 1
     lo_w = lo if flat.dtype == torch.float64 else f32(lo)  # exact in the work dtype
     scale = f32(top / span) if span > 0 else 0.0

@@ -104,14 +104,14 @@ class SortQuant(Compressor):
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         levels = read_levels(self, packet)
-        self._expect(packet, levels.split >= 1, "split is 0; that is a quantize payload")
+        self.expect_packet(packet, levels.split >= 1, "split is 0; that is a quantize payload")
         return lookup(levels, packet.shape.numel(), packet.dtype).reshape(packet.shape)
 
     def _encode_exact(self, flat: torch.Tensor) -> torch.Tensor:
         """Stable sort, rank buckets, per-bucket [min, max] with 2**Q - 1 steps."""
         if flat.numel() <= EXACT_BELOW:
             return self._encode_small(flat)
-        self._check_finite(flat)
+        self.raise_if_nonfinite(flat)
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         values, order = torch.sort(flat, stable=True)                           # [N]
         starts = _starts(count, buckets)
@@ -144,7 +144,7 @@ class SortQuant(Compressor):
         x = host_values(flat)                                                    # [N]
         order = np.argsort(x, kind="stable")
         values = x[order]
-        self._check_finite(flat, probe=float(values[-1]) - float(values[0]))  # NaN sorts last
+        self.raise_if_nonfinite(flat, probe=float(values[-1]) - float(values[0]))  # NaN sorts last
         starts = _starts(count, buckets)
         lo, step = _bucket_tables(values[_ends(starts)], starts, q_bits)
         bucket = np.repeat(np.arange(buckets), np.diff(starts))                  # [N]
@@ -169,7 +169,7 @@ class SortQuant(Compressor):
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         lo, hi = torch.stack(torch.aminmax(flat)).tolist()
         span = hi - lo
-        self._check_finite(flat, probe=span)
+        self.raise_if_nonfinite(flat, probe=span)
         lo_w = lo if flat.dtype == torch.float64 else f32(lo)  # exact in the work dtype
         scale = f32(GRID / span) if span > 0 else 0.0
         if not math.isfinite(scale) or scale == 0.0:  # constant, or a span below ~1e-34

@@ -69,7 +69,7 @@ class TopK(Compressor):
         if count >= 1 << 32:
             raise ValueError(f"{self.name} sends positions as uint32: {count} elements is "
                              "too many; split the tensor")
-        self._check_finite(flat)
+        self.raise_if_nonfinite(flat)
         k = min(count, math.ceil(self.fraction * count))
         index_bits = max(1, (count - 1).bit_length())
         sparse_nbytes = self._values_nbytes(k, x.dtype) + packed_nbytes(k, index_bits)
@@ -88,12 +88,12 @@ class TopK(Compressor):
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         payload, count, dtype = packet.payload, packet.shape.numel(), packet.dtype
-        self._expect(packet, payload.numel() >= _PREFIX.size,
+        self.expect_packet(packet, payload.numel() >= _PREFIX.size,
                      f"shorter than the {_PREFIX.size}-byte prefix")
         dense, value_bits, index_bits, pad, k = _PREFIX.unpack(
             bytes(payload[:_PREFIX.size].tolist()))
         expected_index_bits = max(1, (count - 1).bit_length())
-        self._expect(packet, dense in (0, 1) and pad == 0 and index_bits == expected_index_bits
+        self.expect_packet(packet, dense in (0, 1) and pad == 0 and index_bits == expected_index_bits
                      and (value_bits == 0 or 2 <= value_bits <= 16)
                      and (k == count if dense else 1 <= k <= count),
                      f"prefix says dense={dense} value_bits={value_bits} "
@@ -105,7 +105,7 @@ class TopK(Compressor):
             values_nbytes = levels_nbytes(k, value_bits, 0, int(entries) if entries.numel() else 0)
         index_nbytes = 0 if dense else packed_nbytes(k, index_bits)
         expected = _PREFIX.size + values_nbytes + index_nbytes
-        self._expect(packet, payload.numel() == expected,
+        self.expect_packet(packet, payload.numel() == expected,
                      f"{k} values and {0 if dense else k} positions take {expected} bytes")
         segment = payload[_PREFIX.size:_PREFIX.size + values_nbytes]
         if value_bits == 0:
@@ -116,7 +116,7 @@ class TopK(Compressor):
         if dense:
             return values.reshape(packet.shape)
         positions = unpack(payload[_PREFIX.size + values_nbytes:], index_bits, k).long()
-        self._expect(packet, int(positions.max()) < count,
+        self.expect_packet(packet, int(positions.max()) < count,
                      f"a position is {int(positions.max())}, beyond {count} elements")
         out = torch.zeros(count, dtype=dtype, device=payload.device)
         out[positions] = values
