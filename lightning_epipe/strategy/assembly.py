@@ -28,7 +28,7 @@ from lightning_epipe.strategy.planning.device_memory import default_cache_limit
 from lightning_epipe.strategy.planning.partition import PipelinePlan, find_pipeline
 from lightning_epipe.strategy.planning.plan import plan_by_time
 
-__all__ = ["RankAssembly", "assemble", "give_back"]
+__all__ = ["RankAssembly", "assemble", "check_setup", "give_back"]
 
 
 @dataclass
@@ -41,6 +41,17 @@ class RankAssembly:
     codecs: CodecBook
     bottlenecks: dict[int, BottleneckPair] = field(default_factory=dict)
     client_backup: dict[str, Tensor] = field(default_factory=dict)  # the client's real weights before release
+
+
+def check_setup(module: LightningModule, model: nn.Module, precision_plugin: object) -> None:
+    """Refuse what Lightning could hand the strategy but a pipeline cannot run."""
+    if module is not model:
+        raise ValueError("EPipeStrategy needs the LightningModule itself, not a wrapped model")
+    if getattr(precision_plugin, "scaler", None) is not None:
+        raise ValueError(
+            "precision='16-mixed' needs a GradScaler, whose per-rank overflow checks would disagree across"
+            " stages: use precision='bf16-mixed', 'bf16-true' or '32-true' with EPipeStrategy"
+        )
 
 
 def assemble(module: LightningModule, config: PipelineConfig, plan: PipelinePlan, before: Optional[RankAssembly],

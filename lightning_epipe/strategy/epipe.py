@@ -1,20 +1,11 @@
 """EPipeStrategy: pipeline parallelism with compressed cuts, as a Lightning strategy.
 
-Lightning delegation only; the logic lives beside it (``docs/architecture.md`` draws the
-data path): arguments (and their documentation) in ``config``, the split in ``planning/``,
-this rank's part of the pipeline in ``assembly``, a step's messages in ``engine/``
-(``client_step`` and ``runtime`` on the client, ``server_loop`` on the servers, 1F1B's losses
-in ``one_f_one_b``) over ``comm/``, codecs per stream in ``compression/``, checkpoints in
-``checkpoint_state``. How a step runs:
-
-- The client (rank 0) runs the user's step. Its ``self.layers(x)`` call is the pipelined
-  forward: it tells every server ``FORWARD``, feeds the micro-batches in and returns the
-  gathered output of the last stage, so loss and metrics are ordinary code.
-- The servers never run user code: their ``training_step`` follows the client's commands
-  (:func:`~lightning_epipe.strategy.engine.server_loop.serve_step`) and returns a placeholder loss.
-- ``strategy.backward`` runs after Lightning's ``zero_grad``: the client backpropagates the
-  loss through its last stage (each micro-batch's gradient leaves as autograd produces it),
-  then every rank drains the backward schedule.
+Lightning delegation only; ``docs/architecture.md`` draws the data path and where each
+module sits on it: arguments in ``config``, the split in ``planning/``, this rank's part of
+the pipeline in ``assembly``, a step's hooks in ``engine/rank_steps`` (the client runs the
+user's step, whose ``self.layers(x)`` is the pipelined forward; servers follow its
+commands), messages in ``comm/``, codecs per stream in ``compression/``, checkpoints in
+``checkpoint_state``.
 """
 
 from __future__ import annotations
@@ -22,8 +13,6 @@ from __future__ import annotations
 import logging
 import warnings
 from datetime import timedelta
-from functools import partial
-from pathlib import Path, PurePath
 from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 import torch
@@ -48,29 +37,27 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from lightning_epipe.strategy import checkpoint_state as ckpt
-from lightning_epipe.strategy.assembly import RankAssembly, assemble, give_back
-from lightning_epipe.strategy.comm.collectives import broadcast_json, start_process_group
-from lightning_epipe.strategy.comm.stream_groups import StreamGroups, create_stream_groups, create_transports
+from lightning_epipe.strategy.assembly import RankAssembly, assemble, check_setup, give_back
+from lightning_epipe.strategy.comm.collectives import agree, broadcast_plain, start_process_group
+from lightning_epipe.strategy.comm.stream_groups import PipelineGroups, create_groups, create_transports
 from lightning_epipe.strategy.comm.transport import Transport
-from lightning_epipe.strategy.comm.wire import Command
 from lightning_epipe.strategy.compression.auto_tuner import AutoTuner
 from lightning_epipe.strategy.compression.bottleneck_layers import ATTRIBUTE, bottleneck_lr
 from lightning_epipe.strategy.compression.bottleneck_optimizer import optimize_bottlenecks
 from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.config import ARGUMENTS, CompressorArg, PipelineConfig
-from lightning_epipe.strategy.engine.after_backward import finish_backward
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.clipping import clip_across_stages
 from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
+from lightning_epipe.strategy.engine.rank_steps import RankSteps
 from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step, step_optimizer
 from lightning_epipe.strategy.engine.stats import PipelineStats
 from lightning_epipe.strategy.launch import make_launcher
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, keep_metrics_local
 from lightning_epipe.strategy.planning.partition import PipelinePlan
 from lightning_epipe.strategy.planning.plan import plan_for
-from lightning_epipe.strategy.server_data import ServerBatches
+from lightning_epipe.strategy.server_data import server_dataloader
 from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, install_sigterm_handling
 
 __all__ = ["EPipeStrategy"]
@@ -141,13 +128,11 @@ class EPipeStrategy(ParallelStrategy):
         self._sigterm_broadcast: Optional[AsyncSigtermBroadcast] = None
         self._transport: Optional[Transport] = None  # global ranks: checkpoint state
         self._pipe_transport: Optional[Transport] = None  # this pipeline's ranks: the training's messages
-        self._stream_groups: Optional[tuple[StreamGroups, Any]] = None
-        self._stage_groups: list[Any] = []
+        self._groups: Optional[PipelineGroups] = None
         self._failed = False
         self._checkpoint = ckpt.PipelineCheckpoint()
-        self._skip_backward = False
-        self._stash = GradientStash()
-        self._client = ClientStep(self.config, self.stats, self._sample_ids, self._stash)
+        self._client = ClientStep(self.config, self.stats, self._sample_ids, GradientStash())
+        self._rank_steps: Optional[RankSteps] = None  # after setup
 
     # ------------------------------------------------------------------ properties
 
@@ -265,11 +250,8 @@ class EPipeStrategy(ParallelStrategy):
         self.set_world_ranks()
         self._backend = self._backend or _get_default_process_group_backend_for_device(self.root_device)
         start_process_group(self.cluster_environment, self._backend, self.config.timeout)
-        layout = self.layout
-        if self._stream_groups is None:  # once per process (fit and a later test share them), in the same order on every rank
-            self._stream_groups = create_stream_groups(layout, self.placement, self.global_rank, self._backend)
-            if layout.replicas > 1:
-                self._stage_groups = [dist.new_group(list(layout.stage_group(k))) for k in range(layout.size)]
+        if self._groups is None:  # once per process (fit and a later test share them), in the same order on every rank
+            self._groups = create_groups(self.layout, self.placement, self.global_rank, self._backend)
 
     def set_world_ranks(self) -> None:
         if self.cluster_environment is not None:
@@ -282,13 +264,7 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def setup(self, trainer: Trainer) -> None:
         assert self.accelerator is not None and self.model is not None
-        if self.lightning_module is not self.model:
-            raise ValueError("EPipeStrategy needs the LightningModule itself, not a wrapped model")
-        if getattr(self.precision_plugin, "scaler", None) is not None:
-            raise ValueError(
-                "precision='16-mixed' needs a GradScaler, whose per-rank overflow checks would disagree across"
-                " stages: use precision='bf16-mixed', 'bf16-true' or '32-true' with EPipeStrategy"
-            )
+        check_setup(self.lightning_module, self.model, self.precision_plugin)
         self.accelerator.setup(trainer)
         module = self.lightning_module
         saved = (self._checkpoint.resume or {}).get("bottlenecks")
@@ -311,15 +287,16 @@ class EPipeStrategy(ParallelStrategy):
             _optimizers_to_device(self.optimizers, self.root_device)
         if self._pipe_transport is None:  # kept across fit/validate/test: receives may be posted ahead
             self._transport, self._pipe_transport = create_transports(
-                self.layout, self.global_rank, self.root_device, *self._stream_groups, self.config.timeout,
+                self.layout, self.global_rank, self.root_device, self._groups, self.config.timeout,
                 self.config.verify_checksum, self.stats, self._backend)
             if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
         self._runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
                                         self.config.nonfinite, self.config.checkpoint, assembly.bottlenecks)
         self._checkpoint.restore_codecs(codecs, self._tuner, list(plan.balance), self.global_rank)
+        self._rank_steps = RankSteps(self._runtime, module, self._client, self.root_device, self._groups.stage, self.replicas)
         if self.is_client:  # the user's self.layers(x) runs the pipeline: Lightning has no hook for a module's call
-            layers.forward = self._pipelined_forward  # type: ignore[method-assign]
+            layers.forward = self._rank_steps.pipelined_forward  # type: ignore[method-assign]
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
                            lambda: self.lightning_module.automatic_optimization)
         # no barrier at every step boundary; SIGTERM stops every rank on the same step
@@ -343,96 +320,40 @@ class EPipeStrategy(ParallelStrategy):
             if self.config.delta is not None and self.lightning_module.trainer.training:
                 return self._sample_ids.wrap(dataloader)
             return dataloader
-        try:
-            return ServerBatches(len(dataloader))  # type: ignore[arg-type]
-        except TypeError:
-            return dataloader  # an iterable without length: read it to keep the step count equal
+        return server_dataloader(dataloader)
 
-    # ------------------------------------------------------------------ steps
+    # ------------------------------------------------------------------ steps (engine/rank_steps.py)
 
-    def _pipelined_forward(self, inputs: Any) -> Any:
-        """The client's ``self.layers(x)``: run the whole pipeline, return the gathered output."""
-        return self._client.forward(self.runtime, self.lightning_module, inputs)
-
-    def _run_step(self, hook: str, context: Any, *args: Any, **kwargs: Any) -> Any:
-        training = hook == "training_step"
-        automatic = self.lightning_module.automatic_optimization
-        if not self.is_client:
-            with context:
-                return self._serve(training, automatic)
-        batch = (args[0] if args else kwargs.get("batch")) if training else None
-        with self._client.inside(batch), context:
-            output = getattr(self.lightning_module, hook)(*args, **kwargs)
-        return self._skipped_step_loss() if self._client.end(self.runtime, output, training, automatic) else output
-
-    def _serve(self, training: bool, automatic: bool) -> Optional[Tensor]:
-        """A server's step hook: what Lightning expects back once the client ended the step."""
-        hooks = ServerHooks(after_backward=self._after_backward, optimizer_step=partial(step_optimizer, self.lightning_module),
-                            set_gradients_aside=lambda: self._stash.set_aside(self.lightning_module))
-        end = serve_step(self.runtime, hooks, training)
-        if end is StepEnd.STOPPED:  # as the client did: Lightning's way out on SIGTERM
-            raise SIGTERMException()
-        if end is StepEnd.SKIPPED:
-            return self._skipped_step_loss() if training and automatic else None
-        if end is StepEnd.FINISHED and automatic:
-            return torch.zeros((), device=self.root_device, requires_grad=True)  # Lightning's backward runs ours
-        self.runtime.discard()
-        return None
-
-    def _skipped_step_loss(self) -> Tensor:
-        """Lightning refuses ``None`` from a distributed training_step: return a zero loss
-        and let :meth:`backward` drop every gradient, so the optimizer updates nothing."""
-        self._skip_backward = True
-        return torch.zeros((), device=self.root_device, requires_grad=True)
+    @property
+    def _steps(self) -> RankSteps:
+        if self._rank_steps is None:
+            raise RuntimeError("EPipeStrategy runs steps only after the Trainer has set it up.")
+        return self._rank_steps
 
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        return self._run_step("training_step", self.precision_plugin.train_step_context(), *args, **kwargs)
+        return self._steps.run("training_step", self.precision_plugin.train_step_context(), *args, **kwargs)
 
     @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        return self._run_step("validation_step", self.precision_plugin.val_step_context(), *args, **kwargs)
+        return self._steps.run("validation_step", self.precision_plugin.val_step_context(), *args, **kwargs)
 
     @override
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
-        return self._run_step("test_step", self.precision_plugin.test_step_context(), *args, **kwargs)
+        return self._steps.run("test_step", self.precision_plugin.test_step_context(), *args, **kwargs)
 
     @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        return self._run_step("predict_step", self.precision_plugin.predict_step_context(), *args, **kwargs)
-
-    # ------------------------------------------------------------------ backward and optimizer
+        return self._steps.run("predict_step", self.precision_plugin.predict_step_context(), *args, **kwargs)
 
     @override
     def backward(self, closure_loss: Tensor, optimizer: Optional[Optimizer], *args: Any, **kwargs: Any) -> Tensor:
-        runtime = self.runtime
-        if self._skip_backward:
-            self._skip_backward = False
-            for p in self.lightning_module.parameters():
-                p.grad = None
-            return closure_loss
-        if self.is_client:
-            if not self.lightning_module.automatic_optimization:
-                if not runtime.has_pending_backward:
-                    raise RuntimeError("manual_backward() needs a pipelined forward in the same training_step")
-                runtime.command(Command.BACKWARD)
-            with runtime.timer.measure(self.plan.num_stages - 1):  # the loss and the last stage (its gradients leave as they come)
-                closure_loss = super().backward(closure_loss, optimizer, *args, **kwargs)
-        runtime.backward()
-        self._stash.restore()
-        self._after_backward()
-        return closure_loss
-
-    def _after_backward(self) -> None:
-        runtime, group = self.runtime, self._stage_groups[self.pipeline_rank] if self._stage_groups else None
-        finish_backward(self.lightning_module, self.config.nonfinite, runtime.nonfinite_seen, runtime.step,
-                        self.root_device, group, self.replicas)
+        lightning_backward = super().backward
+        return self._steps.backward(closure_loss, lambda loss: lightning_backward(loss, optimizer, *args, **kwargs))
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
-        if self.is_client and not self.lightning_module.automatic_optimization:
-            inner = getattr(optimizer, "_optimizer", optimizer)
-            self.runtime.command(Command.OPTIMIZER_STEP, arg=self.optimizers.index(inner))
+        self._steps.before_optimizer_step(optimizer, self.optimizers)
         return super().optimizer_step(optimizer, closure, model, **kwargs)
 
     # ------------------------------------------------------------------ collectives Lightning asks for
@@ -444,9 +365,7 @@ class EPipeStrategy(ParallelStrategy):
 
     @override
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        flag = torch.tensor([int(decision)], device=self.root_device)
-        dist.all_reduce(flag, op=dist.ReduceOp.SUM)
-        return bool(flag.item() == self.world_size) if all else bool(flag.item() > 0)
+        return agree(decision, self.root_device, every=all)
 
     @override
     def barrier(self, name: Optional[str] = None) -> None:
@@ -456,11 +375,7 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Broadcast plain data (JSON types, paths) from ``src``; nothing is pickled."""
-        if not _distributed_is_initialized():
-            return obj
-        payload = {"path": str(obj)} if isinstance(obj, PurePath) else {"value": obj}
-        value = broadcast_json(payload if self.global_rank == src else None, self.root_device, src)
-        return Path(value["path"]) if "path" in value else value["value"]
+        return broadcast_plain(obj, self.root_device, src) if _distributed_is_initialized() else obj
 
     @override
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
@@ -527,14 +442,8 @@ class EPipeStrategy(ParallelStrategy):
     def on_exception(self, exception: BaseException) -> None:
         self._failed = True
         stopped_alone = isinstance(exception, SIGTERMException) and self._sigterm_broadcast is None
-        if stopped_alone and self.is_client and self._runtime is not None:
-            # SIGTERM in validate/test/predict: Lightning stopped the client between two batches,
-            # where every server waits for its next command (in fit, rank 0's broadcast stops all)
-            try:
-                self._runtime.command(Command.STOP)
-                self._runtime.transport.flush()
-            except Exception as error:  # a server already gone: it ends on its own
-                log.info("EPipeStrategy: could not tell the servers to stop (%s)", error)
+        if stopped_alone and self.is_client and self._rank_steps is not None:
+            self._rank_steps.stop_servers()
 
     @override
     def teardown(self) -> None:
@@ -548,7 +457,7 @@ class EPipeStrategy(ParallelStrategy):
         _optimizers_to_device(self.optimizers, torch.device("cpu"))
         if module is not None:
             module._apply(lambda t: t if t.is_meta else t.cpu())
-        self._runtime = None
+        self._runtime = self._rank_steps = None
         self.precision_plugin.teardown()
         assert self.accelerator is not None
         self.accelerator.teardown()

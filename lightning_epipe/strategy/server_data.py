@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Iterator
 
-__all__ = ["ServerBatches"]
+__all__ = ["ServerBatches", "server_dataloader"]
+
+
+def server_dataloader(dataloader: object) -> object:
+    """What a server iterates for the client's ``dataloader``: as many placeholders as it has
+    batches, or the data itself when it has no length (read to keep the step count equal)."""
+    try:
+        return ServerBatches(len(dataloader))  # type: ignore[arg-type]
+    except TypeError:
+        return dataloader
 
 
 class ServerBatches:

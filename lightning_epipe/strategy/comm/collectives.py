@@ -1,6 +1,8 @@
 """What every rank calls together: plain data and named tensors between ranks, never pickled.
 
-- :func:`broadcast_json`: a JSON value from one rank to all (``torch.distributed.broadcast``).
+- :func:`broadcast_json`: a JSON value from one rank to all (``torch.distributed.broadcast``);
+  :func:`broadcast_plain` the same for JSON values and paths (Lightning's ``strategy.broadcast``).
+- :func:`agree`: whether every (or any) rank decided yes.
 - :func:`gather_tensors`: every rank's ``{name: Tensor}`` on rank 0, as one JSON description
   (names, dtypes, shapes) and one uint8 payload per rank, through the control stream.
 - :func:`probe_bandwidth`: a ping-pong between two ranks (what ``balance="time"`` sizes cuts by).
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import timedelta
+from pathlib import Path, PurePath
 from typing import Any, Optional
 
 import torch
@@ -23,7 +26,7 @@ from lightning_epipe.strategy.engine.timing import synchronize
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import Header, Kind, WireError
 
-__all__ = ["broadcast_json", "gather_tensors", "probe_bandwidth", "json_to_bytes", "bytes_to_json", "set_collective_timeout",
+__all__ = ["agree", "broadcast_json", "broadcast_plain", "gather_tensors", "probe_bandwidth", "json_to_bytes", "bytes_to_json", "set_collective_timeout",
            "start_process_group"]
 
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)
@@ -73,14 +76,29 @@ def broadcast_json(value: Any, device: torch.device, src: int = 0) -> Any:
     size = torch.tensor([-1 if error else (payload.numel() if is_src else 0)], dtype=torch.int64, device=device)
     dist.broadcast(size, src)
     if int(size.item()) < 0:
+        what = f"{type(value).__name__} ({error})" if is_src else f"a value JSON cannot carry (rank {src} says which)"
         raise TypeError(
             f"EPipeStrategy broadcasts only plain data (JSON types and paths), never pickles: rank {src} tried to"
-            f" broadcast {type(value).__name__ if error is None else error}"
+            f" broadcast {what}"
         )
     if not is_src:
         payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
     dist.broadcast(payload, src)
     return bytes_to_json(payload)
+
+
+def broadcast_plain(obj: Any, device: torch.device, src: int = 0) -> Any:
+    """``obj`` (JSON types or a path) from ``src`` to every rank (a collective); nothing is pickled."""
+    payload = {"path": str(obj)} if isinstance(obj, PurePath) else {"value": obj}
+    value = broadcast_json(payload if dist.get_rank() == src else None, device, src)
+    return Path(value["path"]) if "path" in value else value["value"]
+
+
+def agree(decision: bool, device: torch.device, every: bool = True) -> bool:
+    """Whether every rank (``every``) or any rank decided ``True`` (a collective)."""
+    flag = torch.tensor([int(decision)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.SUM)
+    return bool(flag.item() == dist.get_world_size()) if every else bool(flag.item() > 0)
 
 
 def gather_tensors(transport: Transport, world_size: int, local: dict[str, Tensor]) -> Optional[dict[str, Tensor]]:

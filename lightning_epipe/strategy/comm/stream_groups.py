@@ -1,12 +1,14 @@
-"""The process groups behind the streams (``streams.py``): one per stream, one for control.
+"""The process groups behind the streams (``streams.py``): one per stream, one for control,
+one per stage across replicas; and the transports over them.
 
 A collective: every rank of the world creates every group, in the same order.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -16,14 +18,22 @@ from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.engine.stats import PipelineStats
 
-__all__ = ["StreamGroups", "create_stream_groups", "create_transports"]
+__all__ = ["StreamGroups", "PipelineGroups", "create_groups", "create_transports"]
 
 StreamGroups = dict[tuple[str, int, int], Any]  # (stream name, src, dst) in pipeline ranks -> process group
 
 
-def create_stream_groups(layout: ReplicaLayout, placement: str, rank: int, backend: str) -> tuple[StreamGroups, Any]:
-    """This rank's stream groups (data on ``backend``) and the control group (gloo: commands,
-    sample ids and checkpoint state stay in host memory whatever the accelerator)."""
+@dataclass(frozen=True)
+class PipelineGroups:
+    """This rank's process groups."""
+
+    streams: StreamGroups  # data, on the training's backend
+    control: Any  # gloo: commands, sample ids and checkpoint state stay in host memory whatever the accelerator
+    stage: Optional[Any]  # replicas > 1: the ranks holding this rank's stages (gradient averaging)
+
+
+def create_groups(layout: ReplicaLayout, placement: str, rank: int, backend: str) -> PipelineGroups:
+    """Every group of the world (a collective), this rank's kept."""
     mine: StreamGroups = {}
     for replica in range(layout.replicas):
         offset = replica * layout.size
@@ -32,16 +42,20 @@ def create_stream_groups(layout: ReplicaLayout, placement: str, rank: int, backe
             if layout.replica_of(rank) == replica:
                 mine[(stream.name, stream.src, stream.dst)] = group
     control = dist.new_group(list(range(layout.world_size)), backend="gloo")
-    return mine, control
+    stage = None
+    if layout.replicas > 1:
+        stage_groups = [dist.new_group(list(layout.stage_group(k))) for k in range(layout.size)]
+        stage = stage_groups[layout.pipeline_rank(rank)]
+    return PipelineGroups(mine, control, stage)
 
 
-def create_transports(layout: ReplicaLayout, global_rank: int, device: torch.device, groups: StreamGroups, control: Any,
+def create_transports(layout: ReplicaLayout, global_rank: int, device: torch.device, groups: PipelineGroups,
                       timeout: timedelta, verify_checksum: bool, stats: PipelineStats, backend: str) -> tuple[Transport, Transport]:
     """``(global, pipeline)`` transports: the first speaks in global ranks (checkpoint state over the
     control group), the second in this pipeline's ranks (the training's messages)."""
-    host = torch.device("cpu")
+    host, control = torch.device("cpu"), groups.control
     world = Transport(global_rank, device, timeout, verify_checksum, stats, control_group=control, control_device=host)
     pipeline = Transport(layout.pipeline_rank(global_rank), device, timeout, verify_checksum, stats,
-                         offset=layout.offset(global_rank), groups=groups, control_group=control, control_device=host,
+                         offset=layout.offset(global_rank), groups=groups.streams, control_group=control, control_device=host,
                          host_staged=backend == "gloo")  # gloo carries host memory only
     return world, pipeline

@@ -76,7 +76,7 @@ class StepFlag(enum.IntFlag):
 
 
 class Command(enum.IntEnum):
-    """What the client asks of every server (``EPipeStrategy._serve`` follows them)."""
+    """What the client asks of every server (``engine/server_loop.serve_step`` follows them)."""
 
     FORWARD = 1  # num_microbatches and the step's flags follow in the header
     BACKWARD = 2
