@@ -124,7 +124,6 @@ class EPipeStrategy(ParallelStrategy):
         self._sample_ids = SampleIdRecorder()
         self.stats = PipelineStats()
         self._assembly: Optional[RankAssembly] = None  # this rank's part of the pipeline, after setup
-        self._runtime: Optional[PipelineRuntime] = None
         self._sigterm_broadcast: Optional[AsyncSigtermBroadcast] = None
         self._transport: Optional[Transport] = None  # global ranks: checkpoint state
         self._pipe_transport: Optional[Transport] = None  # this pipeline's ranks: the training's messages
@@ -215,9 +214,9 @@ class EPipeStrategy(ParallelStrategy):
 
     @property
     def runtime(self) -> PipelineRuntime:
-        if self._runtime is None:
+        if self._rank_steps is None:
             raise RuntimeError("Accessing the pipeline runtime before the processes have initialized is not allowed.")
-        return self._runtime
+        return self._rank_steps.runtime
 
     @property
     def auto_choices(self) -> dict[str, str]:
@@ -291,10 +290,10 @@ class EPipeStrategy(ParallelStrategy):
                 self.config.verify_checksum, self.stats, self._backend)
             if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
-        self._runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
-                                        self.config.nonfinite, self.config.checkpoint, assembly.bottlenecks)
+        runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
+                                  self.config.nonfinite, self.config.checkpoint, assembly.bottlenecks)
         self._checkpoint.restore_codecs(codecs, self._tuner, list(plan.balance), self.global_rank)
-        self._rank_steps = RankSteps(self._runtime, module, self._client, self.root_device, self._groups.stage, self.replicas)
+        self._rank_steps = RankSteps(runtime, module, self._client, self.root_device, self._groups.stage, self.replicas)
         if self.is_client:  # the user's self.layers(x) runs the pipeline: Lightning has no hook for a module's call
             layers.forward = self._rank_steps.pipelined_forward  # type: ignore[method-assign]
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
@@ -391,13 +390,13 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The full state dict on rank 0 (every stage's weights gathered), ``{}`` elsewhere."""
-        if self._runtime is None:
+        if self._rank_steps is None:
             return self.lightning_module.state_dict()
         return self._checkpoint.model_state(self._transport, self.world_size, self.lightning_module, self._owned_state())
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        if self._runtime is None:
+        if self._rank_steps is None:
             return optimizer.state_dict()
         return ckpt.gather_optimizer_state(self._transport, self.world_size, optimizer) or {}
 
@@ -409,7 +408,7 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None) -> None:
         """Rank 0 writes; every rank sends its codec streams' and RNG state into ``checkpoint["epipe"]``."""
-        extra = None if self._runtime is None else self._checkpoint.extra_state(
+        extra = None if self._rank_steps is None else self._checkpoint.extra_state(
             self._transport, self.world_size, self.global_rank, self._assembly.codecs.state_dict(), self.root_device,
             list(self.plan.balance), self.placement, None if self._tuner is None else self._tuner.state_dict())
         if self.is_global_zero:
@@ -425,9 +424,9 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """``compressor="auto"``: every rank measures and decides at the same step (a collective)."""
-        if self._tuner is not None and self._runtime is not None:
+        if self._tuner is not None and self._rank_steps is not None:
             step = self.lightning_module.trainer.global_step
-            runtime = self._runtime
+            runtime = self._rank_steps.runtime
             self._tuner.maybe_retune(step, self.plan, self.pipeline_rank, self._assembly.codecs, runtime.samples, self.root_device,
                                      self.layout.offset(self.global_rank), runtime.transport.rates,
                                      (self.stats.busy_seconds, runtime.microbatches_run))
@@ -451,13 +450,13 @@ class EPipeStrategy(ParallelStrategy):
         if self._sigterm_broadcast is not None:
             self._sigterm_broadcast.uninstall(wait=not self._failed)
             self._sigterm_broadcast = None
-        if module is not None and self._runtime is not None:
+        if module is not None and self._rank_steps is not None:
             fitted = module._trainer is not None and module._trainer.state.fn == TrainerFn.FITTING and not self._failed
             give_back(module, self._assembly, fitted, self._transport, self.world_size, self._owned_state())
         _optimizers_to_device(self.optimizers, torch.device("cpu"))
         if module is not None:
             module._apply(lambda t: t if t.is_meta else t.cpu())
-        self._runtime = self._rank_steps = None
+        self._rank_steps = None
         self.precision_plugin.teardown()
         assert self.accelerator is not None
         self.accelerator.teardown()

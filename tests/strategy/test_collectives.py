@@ -3,7 +3,6 @@ and what a server iterates instead of the client's data."""
 
 from __future__ import annotations
 
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -15,12 +14,7 @@ import torch.multiprocessing as mp
 
 from lightning_epipe.strategy.comm.collectives import agree, broadcast_plain
 from lightning_epipe.strategy.server_data import ServerBatches, server_dataloader
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import free_port
 
 
 def _rank(rank: int, port: int, results: dict) -> None:
@@ -48,7 +42,7 @@ def _rank(rank: int, port: int, results: dict) -> None:
 
 def test_broadcast_and_agreement_across_two_processes() -> None:
     results = mp.Manager().dict()
-    context = mp.start_processes(_rank, args=(_free_port(), results), nprocs=2, join=False, start_method="spawn")
+    context = mp.start_processes(_rank, args=(free_port(), results), nprocs=2, join=False, start_method="spawn")
     deadline = time.monotonic() + 120
     while not context.join(timeout=1):
         if time.monotonic() > deadline:

@@ -3,25 +3,18 @@ node with MASTER_ADDR/MASTER_PORT/NODE_RANK), train exactly like one process."""
 
 from __future__ import annotations
 
-import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from tests.helpers import ROOT, run_ranks
+from tests.helpers import ROOT, free_port, run_ranks
 from tests.strategy.scenario import reference
 
 SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_on_loopback(tmp_path):
-    port = str(_free_port())
+    port = str(free_port())
     with ThreadPoolExecutor(2) as pool:
         runs = [
             pool.submit(
