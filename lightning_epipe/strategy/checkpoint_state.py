@@ -16,6 +16,7 @@ its own codec and RNG state, provided the split is the one it was saved with.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
@@ -29,7 +30,7 @@ from lightning_epipe.strategy.compression.bottleneck_layers import split_bottlen
 from lightning_epipe.strategy.comm.collectives import gather_tensors
 from lightning_epipe.strategy.comm.transport import Transport
 
-__all__ = ["PipelineCheckpoint", "flatten_state", "unflatten_state", "owned_state", "gather_model_state", "gather_optimizer_state",
+__all__ = ["PipelineCheckpoint", "CheckpointRank", "flatten_state", "unflatten_state", "owned_state", "gather_model_state", "gather_optimizer_state",
            "load_owned_optimizer_state", "local_extra_state", "extra_state", "rank_resume_state", "restore_rng"]
 
 
@@ -155,6 +156,23 @@ def restore_rng(mine: Optional[Mapping[str, Any]], device: torch.device) -> None
             torch.cuda.set_rng_state(mine["rng"]["cuda"], device)
 
 
+@dataclass(frozen=True)
+class CheckpointRank:
+    """Where a rank stands when it saves: bound at setup (:meth:`PipelineCheckpoint.attach`)."""
+
+    transport: Transport  # global ranks, over the control group
+    world_size: int
+    global_rank: int
+    device: torch.device
+    module: nn.Module
+    pipeline_attr: str  # the module's attribute holding the Sequential
+    owned_layers: Optional[tuple[int, ...]]  # None on the client: it holds every real weight
+    codecs: Any  # this rank's CodecBook
+    balance: list[int]
+    placement: str
+    tuner: Any  # compressor="auto": its AutoTuner, else None
+
+
 class PipelineCheckpoint:
     """One rank's side of checkpointing: what it contributes to a save, and what it takes back
     from a loaded checkpoint (``checkpoint["epipe"]``) once the pipeline is set up."""
@@ -162,22 +180,45 @@ class PipelineCheckpoint:
     def __init__(self) -> None:
         self.resume: Optional[dict[str, Any]] = None  # checkpoint["epipe"] of the loaded checkpoint
         self.bottleneck_state: dict[str, Tensor] = {}  # split off the last gathered model state
+        self.rank: Optional[CheckpointRank] = None  # after setup: saves are collectives over every rank
 
-    def model_state(self, transport: Transport, world_size: int, module: nn.Module, owned: dict[str, Tensor]) -> dict[str, Any]:
+    def attach(self, rank: CheckpointRank) -> None:
+        """Bind this rank's part after setup, then put a loaded checkpoint's codec state in force."""
+        self.rank = rank
+        self.restore_codecs(rank.codecs, rank.tuner, rank.balance, rank.global_rank)
+
+    def owned_state(self) -> dict[str, Tensor]:
+        """The real weights this rank owns (see :func:`owned_state`)."""
+        rank = self._attached()
+        return owned_state(rank.module, rank.pipeline_attr, rank.owned_layers)
+
+    def model_state(self) -> dict[str, Any]:
         """The plain module's full state dict on rank 0 (``{}`` elsewhere; a collective); the
         bottlenecks are kept for ``checkpoint["epipe"]``, so the model loads without the strategy."""
-        gathered = gather_model_state(transport, world_size, module, owned)
+        rank = self._attached()
+        gathered = gather_model_state(rank.transport, rank.world_size, rank.module, self.owned_state())
         if gathered is None:
             return {}
         model_state, self.bottleneck_state = gathered
         return model_state
 
-    def extra_state(self, transport: Transport, world_size: int, global_rank: int, codec_state: dict[str, Any],
-                    device: torch.device, balance: list[int], placement: str,
-                    auto: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
+        """``optimizer``'s whole state on rank 0 (``{}`` elsewhere; a collective)."""
+        rank = self._attached()
+        return gather_optimizer_state(rank.transport, rank.world_size, optimizer) or {}
+
+    def extra_state(self) -> Optional[dict[str, Any]]:
         """``checkpoint["epipe"]`` on rank 0: every rank's codec and RNG state (``None`` elsewhere; a collective)."""
-        merged = gather_tensors(transport, world_size, local_extra_state(global_rank, codec_state, device))
-        return None if merged is None else extra_state(balance, placement, merged, self.bottleneck_state, auto)
+        rank = self._attached()
+        local = local_extra_state(rank.global_rank, rank.codecs.state_dict(), rank.device)
+        merged = gather_tensors(rank.transport, rank.world_size, local)
+        auto = None if rank.tuner is None else rank.tuner.state_dict()
+        return None if merged is None else extra_state(rank.balance, rank.placement, merged, self.bottleneck_state, auto)
+
+    def _attached(self) -> CheckpointRank:
+        if self.rank is None:
+            raise RuntimeError("EPipeStrategy gathers checkpoint state only after the Trainer has set it up")
+        return self.rank
 
     def restore_codecs(self, codecs: Any, tuner: Any, balance: list[int], global_rank: int) -> None:
         """After setup, from a loaded checkpoint: ``compressor="auto"``'s choices (``tuner``, or
@@ -194,8 +235,9 @@ class PipelineCheckpoint:
         """This rank's part of the loaded checkpoint (``None``: nothing loaded, or another split)."""
         return None if self.resume is None else rank_resume_state(self.resume, balance, global_rank)
 
-    def restore_rng(self, balance: Optional[list[int]], global_rank: int, device: torch.device) -> None:
-        """Put this rank's saved RNG state back; the loaded checkpoint is then done with."""
+    def restore_rng(self, global_rank: int, device: torch.device) -> None:
+        """Put this rank's saved RNG state back (at the start of training, after every other
+        restore); the loaded checkpoint is then done with."""
         if self.resume is not None:
-            restore_rng(self.mine(balance, global_rank), device)
+            restore_rng(self.mine(None if self.rank is None else self.rank.balance, global_rank), device)
             self.resume = None

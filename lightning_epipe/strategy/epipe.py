@@ -31,7 +31,6 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -50,13 +49,13 @@ from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.clipping import clip_across_stages
 from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
 from lightning_epipe.strategy.engine.rank_steps import RankSteps
-from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 from lightning_epipe.strategy.engine.stats import PipelineStats
 from lightning_epipe.strategy.launch import make_launcher
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, keep_metrics_local
 from lightning_epipe.strategy.planning.partition import PipelinePlan
 from lightning_epipe.strategy.planning.plan import plan_for
+from lightning_epipe.strategy.rank_topology import RankTopology
 from lightning_epipe.strategy.server_data import server_dataloader
 from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, install_sigterm_handling
 
@@ -65,7 +64,7 @@ __all__ = ["EPipeStrategy"]
 log = logging.getLogger(__name__)
 
 
-class EPipeStrategy(ParallelStrategy):
+class EPipeStrategy(RankTopology, ParallelStrategy):
     __doc__ = f"""Train a LightningModule's ``nn.Sequential`` as a GPipe pipeline across processes.
 
     Args:
@@ -119,7 +118,6 @@ class EPipeStrategy(ParallelStrategy):
             process_group_backend=process_group_backend, verify_checksum=verify_checksum,
         )
         self._backend = process_group_backend  # resolved in setup_environment
-        self._num_nodes = 1
         self._tuner = AutoTuner(**self.config.auto_kwargs) if self.config.auto else None
         self._sample_ids = SampleIdRecorder()
         self.stats = PipelineStats()
@@ -154,56 +152,6 @@ class EPipeStrategy(ParallelStrategy):
     @property
     def balance(self) -> Union[list[int], str]:
         return list(self.config.balance) if isinstance(self.config.balance, tuple) else self.config.balance
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def num_nodes(self) -> int:
-        return self._num_nodes
-
-    @num_nodes.setter
-    def num_nodes(self, num_nodes: int) -> None:
-        self._num_nodes = num_nodes
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices is not None else 0
-
-    @property
-    def world_size(self) -> int:
-        return self.num_nodes * self.num_processes
-
-    @property
-    def is_distributed(self) -> bool:
-        """For Lightning's data: with one pipeline the stages form *one* replica, so the user's
-        sampler is used as is (no DistributedSampler); with ``replicas > 1`` each pipeline
-        reads its own shard. ``sync_dist`` stays a no-op: logged values are rank 0's."""
-        return self.replicas > 1
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        # Every stage of a pipeline reads the same batches: the shard of its replica.
-        return {"num_replicas": self.replicas, "rank": self.layout.replica_of(self.global_rank)}
-
-    @property
-    def layout(self) -> ReplicaLayout:
-        """Which global ranks form which pipeline replica."""
-        return ReplicaLayout(self.world_size, self.replicas)
-
-    @property
-    def pipeline_rank(self) -> int:
-        """This process's rank within its pipeline (0: the client)."""
-        return self.layout.pipeline_rank(self.global_rank)
-
-    @property
-    def is_client(self) -> bool:
-        """Rank 0 of a pipeline holds the data, the loss and the Lightning loop's user code."""
-        return self.pipeline_rank == 0
 
     @property
     def plan(self) -> PipelinePlan:
@@ -252,12 +200,6 @@ class EPipeStrategy(ParallelStrategy):
         if self._groups is None:  # once per process (fit and a later test share them), in the same order on every rank
             self._groups = create_groups(self.layout, self.placement, self.global_rank, self._backend)
 
-    def set_world_ranks(self) -> None:
-        if self.cluster_environment is not None:
-            self.cluster_environment.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
-            self.cluster_environment.set_world_size(self.num_nodes * self.num_processes)
-        rank_zero_only.rank = self.global_rank
-
     # ------------------------------------------------------------------ setup
 
     @override
@@ -292,7 +234,10 @@ class EPipeStrategy(ParallelStrategy):
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
         runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
                                   self.config.nonfinite, self.config.checkpoint, assembly.bottlenecks)
-        self._checkpoint.restore_codecs(codecs, self._tuner, list(plan.balance), self.global_rank)
+        self._checkpoint.attach(ckpt.CheckpointRank(
+            self._transport, self.world_size, self.global_rank, self.root_device, module, assembly.pipeline_attr,
+            None if self.is_client else tuple(plan.layers_of(self.pipeline_rank)), codecs, list(plan.balance),
+            self.placement, self._tuner))
         self._rank_steps = RankSteps(runtime, module, self._client, self.root_device, self._groups.stage, self.replicas)
         if self.is_client:  # the user's self.layers(x) runs the pipeline: Lightning has no hook for a module's call
             layers.forward = self._rank_steps.pipelined_forward  # type: ignore[method-assign]
@@ -383,22 +328,14 @@ class EPipeStrategy(ParallelStrategy):
 
     # ------------------------------------------------------------------ checkpoints (checkpoint_state.py)
 
-    def _owned_state(self) -> dict[str, Tensor]:
-        owned = None if self.is_client else self.plan.layers_of(self.pipeline_rank)
-        return ckpt.owned_state(self.lightning_module, self._assembly.pipeline_attr, owned)
-
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The full state dict on rank 0 (every stage's weights gathered), ``{}`` elsewhere."""
-        if self._rank_steps is None:
-            return self.lightning_module.state_dict()
-        return self._checkpoint.model_state(self._transport, self.world_size, self.lightning_module, self._owned_state())
+        return self.lightning_module.state_dict() if self._rank_steps is None else self._checkpoint.model_state()
 
     @override
     def optimizer_state(self, optimizer: Optimizer) -> dict[str, Any]:
-        if self._rank_steps is None:
-            return optimizer.state_dict()
-        return ckpt.gather_optimizer_state(self._transport, self.world_size, optimizer) or {}
+        return optimizer.state_dict() if self._rank_steps is None else self._checkpoint.optimizer_state(optimizer)
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
@@ -408,9 +345,7 @@ class EPipeStrategy(ParallelStrategy):
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: _PATH, storage_options: Optional[Any] = None) -> None:
         """Rank 0 writes; every rank sends its codec streams' and RNG state into ``checkpoint["epipe"]``."""
-        extra = None if self._rank_steps is None else self._checkpoint.extra_state(
-            self._transport, self.world_size, self.global_rank, self._assembly.codecs.state_dict(), self.root_device,
-            list(self.plan.balance), self.placement, None if self._tuner is None else self._tuner.state_dict())
+        extra = None if self._rank_steps is None else self._checkpoint.extra_state()
         if self.is_global_zero:
             checkpoint["epipe"] = extra
             self.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
@@ -425,15 +360,11 @@ class EPipeStrategy(ParallelStrategy):
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         """``compressor="auto"``: every rank measures and decides at the same step (a collective)."""
         if self._tuner is not None and self._rank_steps is not None:
-            step = self.lightning_module.trainer.global_step
-            runtime = self._rank_steps.runtime
-            self._tuner.maybe_retune(step, self.plan, self.pipeline_rank, self._assembly.codecs, runtime.samples, self.root_device,
-                                     self.layout.offset(self.global_rank), runtime.transport.rates,
-                                     (self.stats.busy_seconds, runtime.microbatches_run))
+            self._rank_steps.retune(self._tuner, self.lightning_module.trainer.global_step, self.layout.offset(self.global_rank))
 
     @override
     def on_train_start(self) -> None:
-        self._checkpoint.restore_rng(None if self._assembly is None else list(self.plan.balance), self.global_rank, self.root_device)
+        self._checkpoint.restore_rng(self.global_rank, self.root_device)
 
     # ------------------------------------------------------------------ teardown
 
@@ -452,7 +383,7 @@ class EPipeStrategy(ParallelStrategy):
             self._sigterm_broadcast = None
         if module is not None and self._rank_steps is not None:
             fitted = module._trainer is not None and module._trainer.state.fn == TrainerFn.FITTING and not self._failed
-            give_back(module, self._assembly, fitted, self._transport, self.world_size, self._owned_state())
+            give_back(module, self._assembly, fitted, self._transport, self.world_size, self._checkpoint.owned_state())
         _optimizers_to_device(self.optimizers, torch.device("cpu"))
         if module is not None:
             module._apply(lambda t: t if t.is_meta else t.cpu())

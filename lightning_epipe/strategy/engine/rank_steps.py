@@ -113,6 +113,13 @@ class RankSteps:
         finish_backward(self.module, runtime.nonfinite, runtime.nonfinite_seen, runtime.step, self.device,
                         self.stage_group, self.replicas)
 
+    def retune(self, tuner: Any, step: int, offset: int) -> None:
+        """``compressor="auto"`` at the start of training step ``step``: every rank measures and
+        decides together (a collective); ``offset``: the global rank of this pipeline's client."""
+        runtime = self.runtime
+        tuner.maybe_retune(step, runtime.plan, runtime.rank, runtime.codecs, runtime.samples, self.device, offset,
+                           runtime.transport.rates, (runtime.stats.busy_seconds, runtime.microbatches_run))
+
     def before_optimizer_step(self, optimizer: Any, optimizers: list[Any]) -> None:
         """Manual optimization on the client: every server steps ``optimizer`` (one of ``optimizers``,
         perhaps inside Lightning's wrapper) too."""
