@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from .cache_blocks import cache_blocks
 
-__all__ = ["pack", "unpack", "pack_into", "unpack_range", "packed_nbytes", "MAX_WIDTH"]
+__all__ = ["pack", "unpack", "pack_into", "unpack_range", "packed_nbytes", "pack_host",
+           "unpack_host", "MAX_WIDTH"]
 
 MAX_WIDTH = 32
 
@@ -120,6 +122,52 @@ def unpack_range(data: torch.Tensor, width: int, count: int, start: int,
     return codes
 
 
+def pack_host(codes: np.ndarray, width: int, out: np.ndarray) -> None:
+    """``pack`` on the host (numpy, same layout): codes [N] integers in [0, 2**width)
+    -> out [packed_nbytes(N, width)] uint8, written in place."""
+    count = codes.size
+    planes, rest = divmod(width, 8)
+    for p in range(planes):  # a uint8 slice keeps the low byte of what it is given
+        out[p * count:(p + 1) * count] = codes >> (8 * p) if p else codes
+    if rest:
+        group, group_bytes, word_dtype = _layout(rest)
+        words = np.zeros(-(-count // group) * group, dtype=_HOST_WORDS[word_dtype])
+        words[:count] = codes >> (8 * planes) if planes else codes
+        cols = words.reshape(-1, group)
+        word = cols[:, 0].copy()
+        for i in range(1, group):
+            word |= cols[:, i] << words.dtype.type(i * rest)
+        if group_bytes > 1:
+            word = word.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :group_bytes]
+        out[planes * count:] = word.reshape(-1)[:packed_nbytes(count, rest)]
+
+
+def unpack_host(data: np.ndarray, width: int, count: int) -> np.ndarray:
+    """``unpack`` on the host: data [packed_nbytes(count, width)] uint8 -> [count] int32
+    (int64 for width 32)."""
+    dtype = np.int64 if width > 31 else np.int32
+    planes, rest = divmod(width, 8)
+    codes = data[:count].astype(dtype) if planes else np.zeros(count, dtype=dtype)
+    for p in range(1, planes):
+        codes |= data[p * count:(p + 1) * count].astype(dtype) << dtype(8 * p)
+    if rest:
+        group, group_bytes, _ = _layout(rest)
+        segment = data[planes * count:]
+        if group_bytes == 1:
+            word = segment
+        else:
+            rows = -(-segment.size // group_bytes)
+            padded = np.zeros(rows * group_bytes, dtype=np.uint8)
+            padded[:segment.size] = segment
+            wide = np.zeros((rows, 8), dtype=np.uint8)  # a group's bytes, then zeros
+            wide[:, :group_bytes] = padded.reshape(rows, group_bytes)
+            word = wide.view("<u8").reshape(-1)
+        shifts = (np.arange(group) * rest).astype(word.dtype)
+        top = (word[:, None] >> shifts) & word.dtype.type((1 << rest) - 1)
+        codes |= top.reshape(-1)[:count].astype(dtype) << dtype(8 * planes)
+    return codes
+
+
 def _code_dtype(width: int) -> torch.dtype:
     return torch.int64 if width > 31 else torch.int32
 
@@ -130,6 +178,9 @@ def _layout(width: int) -> tuple[int, int, torch.dtype]:
     bits = group * width
     word_dtype = torch.uint8 if bits <= 8 else torch.int32 if bits < 32 else torch.int64
     return group, bits // 8, word_dtype
+
+
+_HOST_WORDS = {torch.uint8: np.uint8, torch.int32: np.uint32, torch.int64: np.uint64}
 
 
 def _pad(t: torch.Tensor, multiple: int) -> torch.Tensor:

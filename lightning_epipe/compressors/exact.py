@@ -51,17 +51,19 @@ def host_values(t: torch.Tensor) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def repeated_values(flat: torch.Tensor, share: float = SPIKE_SHARE, limit: int = MAX_SPIKES,
-                    sample_size: int = SPIKE_SAMPLE, known: tuple[float, ...] = ()) -> list[float]:
+def repeated_values(flat: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
+                    limit: int = MAX_SPIKES, sample_size: int = SPIKE_SAMPLE,
+                    known: tuple[float, ...] = ()) -> list[float]:
     """Values holding at least ``share`` of a strided sample of ``flat`` (at least two
     elements), the ``limit`` most frequent, most frequent first; ``known`` values left
-    out. flat: [N] float.
+    out. flat: [N] float tensor, or its ``host_values``.
 
     A value repeated r times in the sorted sample s has ``s[i] == s[i + r - 1]`` for some
     i: one comparison of two shifted views finds that there are none (the common case),
     or that the only ones are known (ReLU zeros at the min).
     """
-    sample = np.sort(host_values(strided_sample(flat, sample_size)))            # [M]
+    sample = strided_sample(flat, sample_size)
+    sample = np.sort(sample if isinstance(sample, np.ndarray) else host_values(sample))  # [M]
     m = sample.size
     run = max(2, math.ceil(share * m))
     if m < run:
@@ -81,7 +83,7 @@ def repeated_values(flat: torch.Tensor, share: float = SPIKE_SHARE, limit: int =
     return [float(v) for v in found[order]]
 
 
-def exact_candidates(lo: float, hi: float, flat: torch.Tensor) -> np.ndarray:
+def exact_candidates(lo: float, hi: float, flat: torch.Tensor | np.ndarray) -> np.ndarray:
     """The values to reproduce exactly, in order of priority: min, max, repeated values;
     none if the range is not finite (``check_finite=False`` lets NaN and Inf through).
     -> [<= 6] float64.

@@ -12,7 +12,8 @@ Payload (little-endian):
     exactly (``bitpack``)
 
 Prefix and tables are built and parsed on the host (a few hundred bytes), so a call costs
-a handful of tensor ops whatever the size. Decoding is one table lookup per element (a
+a handful of tensor ops whatever the size; a small CPU tensor is coded and decoded in
+numpy (``host.py``), with the same codes. Decoding is one table lookup per element (a
 table of ``2**bits`` values), no sort.
 Shape legend: N elements, K = 2**split buckets, E exact entries.
 """
@@ -27,9 +28,10 @@ import numpy as np
 import torch
 
 from .base import Compressor
-from .bitpack import pack_into, packed_nbytes, unpack_range
+from .bitpack import pack_into, packed_nbytes, unpack_host, unpack_range
 from .cache_blocks import cache_blocks
 from .exact import MAX_ENTRIES, exact_bytes, exact_nbytes, parse_exact
+from .host import on_host
 from .packet import Packet
 from .sampling import strided_sample
 
@@ -122,6 +124,8 @@ def _rounded(level: float, dtype: torch.dtype) -> float:
         return level
     if dtype == torch.float32:
         return float(np.float32(level))
+    if dtype == torch.float16:  # numpy rounds to float16 as torch does (to nearest even)
+        return float(np.float16(level))
     return float(cast_levels(np.asarray([level]), dtype)[0])
 
 
@@ -199,6 +203,9 @@ def lookup(levels: Levels, numel: int, dtype: torch.dtype) -> torch.Tensor:
     table[levels.exact_codes] = levels.exact_values
     device = levels.codes.device
     table = cast_levels(table, dtype)
+    if on_host(numel, device):  # one numpy unpack, one gather
+        codes = unpack_host(levels.codes.numpy(), levels.bits, numel)
+        return torch.index_select(table, 0, torch.from_numpy(codes))
     if device.type != "cpu":
         table = table.to(device)
     out = torch.empty(numel, dtype=dtype, device=device)

@@ -34,6 +34,11 @@ levels):
    between its neighbours): after step 4 that only happens when there are fewer
    distinct cells than levels, and then every cell already has a level of its own.
 
+Small CPU tensors (at most ``host.HOST_MAX`` elements) take the host path: in numpy,
+no grid and no sample; each distinct value is a cell of its own (steps 2-5 on the sorted
+values, ``fit_levels_host``) and each element is coded as its nearest level. Same payload
+format, same pinned values.
+
 Encode: a table of G codes, for each grid cell the level nearest to the cell's
 centre; an element costs a subtraction and a multiplication to find its cell and one
 table lookup (the speed trick of ``sortquant``'s estimated mode). That is the nearest
@@ -73,12 +78,16 @@ P pinned levels.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .bitpack import pack_into, packed_nbytes, unpack_range
+from .bitpack import pack_into, packed_nbytes, unpack_host, unpack_range
 from .cache_blocks import cache_blocks
 from .grid import GRID, Grid, grid_size
+from .host import host_array, host_payload, lloyd_steps, nearest, on_host
+from .levels import host_bytes
+from .quantize import F32_OVERFLOW
 from .sampling import fit_sample_size, strided_sample
 from .packet import Packet, bytes_as
 from .registry import register_compressor
@@ -135,6 +144,9 @@ class LloydMax(Compressor):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1)
+        host = host_array(flat)
+        if host is not None:
+            return self._encode_host(flat, host)
         count, bits, levels_n = flat.numel(), self.bits, 1 << self.bits
         low, high = torch.aminmax(flat)
         lo = low.double()
@@ -166,11 +178,34 @@ class LloydMax(Compressor):
                 pack_into(code_of_cell.index_select(0, cells), bits, codes_out, start, count)
         return payload
 
+    def _encode_host(self, flat: torch.Tensor, x: np.ndarray) -> torch.Tensor:
+        """The host path (``host.py``): x [N] float32/float64 numpy of flat -> payload.
+
+        No grid and no sample: the levels are fitted on the sorted values themselves
+        (``fit_levels_host``) and each element takes its nearest level, so the error of
+        an element is at most its distance to the nearest level.
+        """
+        count, levels_n = x.size, 1 << self.bits
+        values = np.sort(x)                                                      # [N]
+        lo, hi = float(values[0]), float(values[-1])
+        span = hi - lo
+        self.raise_if_nonfinite(flat, probe=span)
+        head = bytes([self.bits, 0, 0, 0])
+        # Constant, as on the torch path where the float32 grid scale is 0 or overflows.
+        if not (span > 0 and grid_size(count) / span < F32_OVERFLOW):
+            codebook = np.full(levels_n, lo, dtype=np.float32)
+            return host_payload(head + codebook.tobytes(), np.zeros(count, np.uint8), self.bits)
+        levels, pinned = fit_levels_host(values, levels_n, self.iterations,
+                                         span / grid_size(count))
+        codebook = levels.astype(np.float32)                                     # [L]
+        codes = nearest(x, codebook.astype(np.float64))
+        return host_payload(head + codebook.astype("<f4").tobytes(), codes, self.bits)
+
     def _decode(self, packet: Packet) -> torch.Tensor:
         payload, numel = packet.payload, packet.shape.numel()
         self.expect_packet(packet, payload.numel() >= _PREFIX,
                      f"shorter than the {_PREFIX}-byte prefix")
-        bits, pad0, pad1, pad2 = payload[:_PREFIX].tolist()
+        bits, pad0, pad1, pad2 = host_bytes(payload, _PREFIX).tolist()
         self.expect_packet(packet, MIN_BITS <= bits <= MAX_BITS and pad0 == pad1 == pad2 == 0,
                      f"prefix says bits={bits} (pad {pad0}, {pad1}, {pad2}); expected bits in "
                      f"{MIN_BITS}..{MAX_BITS} and zero padding")
@@ -180,10 +215,14 @@ class LloydMax(Compressor):
                      f"take {expected} payload bytes")
         levels_n = 1 << bits
         codebook = bytes_as(payload[_PREFIX:_PREFIX + 4 * levels_n], torch.float32)
-        self.expect_packet(packet, bool(torch.isfinite(codebook).all()),
+        self.expect_packet(packet, bool(np.isfinite(host_bytes(
+            payload[_PREFIX:], 4 * levels_n).view("<f4")).all()),
                      "the codebook holds a non-finite value")
         table = codebook.to(packet.dtype)                                        # [L]
         codes = payload[_PREFIX + 4 * levels_n:]
+        if on_host(numel, payload.device):  # one numpy unpack, one gather
+            index = torch.from_numpy(unpack_host(codes.numpy(), bits, numel))
+            return torch.index_select(table, 0, index).reshape(packet.shape)
         out = torch.empty(numel, dtype=packet.dtype, device=payload.device)
         for start, stop in cache_blocks(numel, payload.device):
             index = unpack_range(codes, bits, numel, start, stop)
@@ -252,6 +291,80 @@ def fit_levels(sample: torch.Tensor, grid: Grid, levels_n: int, iterations: int,
                 break
             levels = moved
     return levels, pinned
+
+
+def fit_levels_host(values: np.ndarray, levels_n: int, iterations: int,
+                    cell: float) -> tuple[np.ndarray, np.ndarray]:
+    """``fit_levels`` on the host for all of a small tensor: (levels [L] float64 sorted,
+    pinned [L] bool).
+
+    values: [N] sorted, finite, not all equal; cell: the least span a density is taken
+    over (the torch path's cell width). Each distinct value is a cell of its own (its
+    count the weight), and the steps are those of ``fit_levels``: spikes (every value
+    holding 1/(2L) of the tensor, the most frequent L/2 at most, and from
+    ``PIN_ENDS_FROM`` levels the min and max) pinned, density-weighted initial levels,
+    then Lloyd steps (``host.lloyd_steps``).
+    """
+    count = values.size
+    starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))  # [D]
+    distinct = values[starts]
+    freq = np.diff(np.append(starts, count))                                     # [D]
+    heavy = np.flatnonzero(freq * (2 * levels_n) >= count)
+    pin_ends = levels_n >= PIN_ENDS_FROM
+    limit = min(levels_n // 2, levels_n - 2) if pin_ends else levels_n // 2
+    if heavy.size > limit:
+        heavy = np.sort(heavy[np.argsort(-freq[heavy], kind="stable")[:limit]])
+    spikes = distinct[heavy].astype(np.float64)
+    if pin_ends:
+        spikes = np.unique(np.concatenate([spikes, values[[0, -1]].astype(np.float64)]))
+    spikes_n = spikes.size                                                       # P
+    free = ~np.isin(distinct, spikes)
+    mean = distinct[free].astype(np.float64)                                     # [E]
+    weight = freq[free].astype(np.float64)                                       # [E]
+    free_n = levels_n - spikes_n
+
+    # Initial free levels: quantiles of the count weighted by density**(-2/3).
+    chosen = _spread_host(weight * _density_host(mean, weight, cell) ** (-2.0 / 3.0), free_n)
+    start = mean[chosen] if chosen.size else spikes[:1]
+    start = start[:free_n]
+    if start.size < free_n:  # fewer values than free levels: repeat the top one (unused)
+        start = np.concatenate([start, np.repeat(start[-1:], free_n - start.size)])
+    order = np.argsort(np.concatenate([spikes, start]), kind="stable")
+    levels = np.concatenate([spikes, start])[order]                              # [L]
+    pinned = order < spikes_n
+    if mean.size and iterations:
+        levels = lloyd_steps(mean, weight, levels, pinned, iterations)
+    return levels, pinned
+
+
+def _density_host(mean: np.ndarray, weight: np.ndarray, cell: float) -> np.ndarray:
+    """``_density`` on the host: [E] weight per unit over ``NEIGHBOURS`` points on either
+    side (over at least ``cell``)."""
+    cells_n = mean.size
+    at = np.arange(cells_n)
+    first = np.maximum(at - NEIGHBOURS, 0)
+    last = np.minimum(at + NEIGHBOURS, cells_n - 1)
+    below = np.concatenate([[0.0], np.cumsum(weight)])                           # [E+1]
+    return (below[last + 1] - below[first]) / np.maximum(mean[last] - mean[first], cell)
+
+
+def _spread_host(weight: np.ndarray, n: int) -> np.ndarray:
+    """``_spread`` on the host: indices of ``min(n, E)`` points at equal-weight quantiles."""
+    cells_n = weight.size
+    if cells_n <= n:
+        return np.arange(cells_n)
+    below = np.cumsum(weight)                                                    # [E]
+    targets_n = n
+    for _ in range(8):
+        targets = (np.arange(targets_n) + 0.5) * (below[-1] / targets_n)
+        chosen = np.unique(np.minimum(np.searchsorted(below, targets), cells_n - 1))
+        got = chosen.size
+        if got >= n:
+            break
+        targets_n = min(max(targets_n + 1, -(-targets_n * n // got)), 4 * cells_n)
+    if chosen.size > n:  # overshot: keep n of them, evenly spread
+        chosen = chosen[np.round(np.linspace(0, chosen.size - 1, n)).astype(np.int64)]
+    return chosen
 
 
 def _density(mean: torch.Tensor, weight: torch.Tensor, grid: Grid) -> torch.Tensor:

@@ -4,7 +4,8 @@ Every element x of a tensor with range [min, max] becomes the code
 ``q = round((x - min) / step)``, ``step = (max - min) / (2**bits - 1)``, and decodes to
 ``min + q * step``: ``|x - y| <= step / 2`` plus float32 rounding. Min, max and repeated
 values (``exact.py``) decode bit-exactly; an element sharing a code with one of them is
-within one step. Payload: the levels format (``levels.py``) with one bucket, i.e.
+within one step. A small CPU tensor is coded in numpy (``host.py``): the same payload,
+bit for bit. Payload: the levels format (``levels.py``) with one bucket, i.e.
 ``12 + 10 * E + ceil(N * bits / 8)`` bytes, E exact entries (usually 1: the max).
 """
 
@@ -17,12 +18,16 @@ import torch
 
 from .base import Compressor, check_int
 from .exact import exact_candidates
+from .host import host_array, host_payload
 from .levels import (f32, host_work, levels_head, lookup, new_payload, read_levels,
                      write_codes)
 from .packet import Packet
 from .registry import register_compressor
 
-__all__ = ["Quantize", "encode_uniform", "uniform_codes"]
+__all__ = ["Quantize", "encode_uniform", "uniform_codes", "F32_OVERFLOW"]
+
+#: The smallest value that rounds to Inf in float32 (half an ulp above its max).
+F32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
 
 
 @register_compressor
@@ -56,9 +61,14 @@ def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Te
     """flat: [N] float, N >= 1 -> levels payload with one bucket; checks finiteness for codec.
 
     Scalars live on the host: one read of (min, max), a sampled search for repeated
-    values, then one fused pass per chunk ``round((x - lo) * scale)``.
+    values, then one fused pass per chunk ``round((x - lo) * scale)`` (on the host path,
+    ``host.py``, the same arithmetic in numpy: the same codes).
     """
-    lo, hi = torch.stack(torch.aminmax(flat)).tolist()
+    host = host_array(flat)
+    if host is None:
+        lo, hi = torch.stack(torch.aminmax(flat)).tolist()
+    else:
+        lo, hi = float(host.min()), float(host.max())
     span = hi - lo
     codec.raise_if_nonfinite(flat, probe=span)
     top = (1 << bits) - 1
@@ -66,15 +76,20 @@ def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Te
     scale = f32(top / span) if span > 0 else 0.0
     if not math.isfinite(scale):  # a span so small that 1 / span overflows float32
         scale = 0.0
-    exact = exact_candidates(lo, hi, flat)
+    exact = exact_candidates(lo, hi, flat if host is None else host)
     codes = uniform_codes(exact, lo_w, scale, top, flat.dtype)
     head = levels_head(bits, 0, [lo], [span / top], list(zip(codes.tolist(), exact.tolist())),
                        flat.dtype)
+    # With a range finite in the work dtype, every rounded code is in 0..top already
+    # (x - lo <= span, times top / span, each rounded once in the work dtype): no clamp
+    # pass needed. A span past float32's max (finite values near +-3e38) makes x - lo
+    # Inf for the top elements: clamped, they take the top code (the max's).
+    finite = math.isfinite(span) and (flat.dtype == torch.float64 or span < F32_OVERFLOW)
+    if host is not None:
+        return host_payload(head, _host_codes(host, lo_w, scale, top, flat.dtype, finite), bits)
     payload, segment = new_payload(flat.numel(), bits, head, flat.device)
-    # With a finite range, every rounded code is in 0..top already (x - lo <= span, times
-    # top / span, each rounded once in the work dtype): no clamp pass needed.
     write_codes(flat, bits, lambda chunk: torch.sub(chunk, lo_w).mul_(scale), segment,
-                clamp=not math.isfinite(span))
+                clamp=not finite)
     return payload
 
 
@@ -85,5 +100,19 @@ def uniform_codes(values: np.ndarray, lo: float, scale: float, top: int,
     The same operations in the same dtype (``work_dtype``), each rounded once (no fused
     multiply-add anywhere), so a value's code here is bit for bit its elements' code.
     """
-    pos = (host_work(values, dtype) - host_work(lo, dtype)) * host_work(scale, dtype)
+    with np.errstate(over="ignore"):  # a span past float32's max: Inf, clipped to top
+        pos = (host_work(values, dtype) - host_work(lo, dtype)) * host_work(scale, dtype)
     return np.clip(np.rint(pos), 0, top).astype(np.int64)
+
+
+def _host_codes(flat: np.ndarray, lo: float, scale: float, top: int, dtype: torch.dtype,
+                finite: bool) -> np.ndarray:
+    """The host path's codes, ``uniform_codes`` of every element: [N] -> [N] uint8 (up to 8
+    bits) or int32. One clip-free pass when the range is ``finite``, as on the torch path."""
+    if not finite:  # Inf clamps to the top code; NaN (check_finite=False) to any code
+        with np.errstate(over="ignore", invalid="ignore"):
+            pos = np.rint((flat - host_work(lo, dtype)) * host_work(scale, dtype))
+            return np.clip(np.nan_to_num(pos, posinf=top), 0, top).astype(np.int32)
+    pos = np.subtract(flat, host_work(lo, dtype))
+    pos *= host_work(scale, dtype)
+    return np.rint(pos, out=pos).astype(np.uint8 if top < 256 else np.int32)

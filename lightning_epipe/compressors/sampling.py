@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 __all__ = ["strided_sample", "fit_sample_size", "PER_LEVEL", "MIN_FIT_SAMPLE"]
@@ -33,12 +34,15 @@ def fit_sample_size(levels_n: int, cap: int) -> int:
     return min(cap, max(MIN_FIT_SAMPLE, PER_LEVEL * levels_n))
 
 
-def strided_sample(flat: torch.Tensor, size: int) -> torch.Tensor:
+def strided_sample(flat: torch.Tensor | np.ndarray, size: int) -> torch.Tensor | np.ndarray:
     """A deterministic spread-out sample: [N] -> [min(N, size)] (all of flat if smaller).
 
     Index i takes position ``floor(frac(i * golden) * N)``: evenly spread, never periodic,
-    so it does not alias with rows or channels the way a fixed stride can.
+    so it does not alias with rows or channels the way a fixed stride can. A numpy array
+    (the host path, ``host.py``) gives the same positions.
     """
+    if isinstance(flat, np.ndarray):
+        return flat if flat.size <= size else flat[_host_positions(flat.size, size)]
     count = flat.numel()
     if count <= size:
         return flat
@@ -50,3 +54,11 @@ def _sample_positions(count: int, size: int, device: torch.device) -> torch.Tens
     """[size] int64 positions in range(count); cached: a stream sends one shape over and over."""
     i = torch.arange(size, dtype=torch.float64, device=device)
     return ((i * _GOLDEN) % 1.0 * count).long()
+
+
+@functools.lru_cache(maxsize=16)
+def _host_positions(count: int, size: int) -> np.ndarray:
+    """``_sample_positions`` on the host: [size] int64 (read only)."""
+    positions = _sample_positions(count, size, torch.device("cpu")).numpy()
+    positions.flags.writeable = False
+    return positions

@@ -11,7 +11,9 @@ exact value is within a step of its bucket instead of half a step.
 
 Two ways to find the buckets (``boundaries``):
 
-- ``"exact"`` (and every tensor of at most ``EXACT_BELOW`` elements): a stable sort; bucket k holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``,
+- ``"exact"`` (and every tensor of at most ``EXACT_BELOW`` elements, in numpy: a sort of
+  the values, each element's rank bucket by comparison with the bucket starts): a stable
+  sort; bucket k holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``,
   so counts differ by at most one even with ties, and bucket k spans
   ``[min_k, max_k]`` with ``2**Q`` levels: ``|x - y| <= step_k / 2``. 60-130x the time
   of uniform quantization on 2 CPU cores (the sort; ``benchmarks/compressors.py``).
@@ -41,6 +43,7 @@ import torch
 from .base import Compressor, check_int
 from .bitpack import pack
 from .exact import exact_candidates, host_values
+from .host import host_payload
 from .levels import (f32, host_work, levels_head, lookup, new_payload, read_levels,
                      work_dtype, write_codes)
 from .sampling import strided_sample
@@ -139,30 +142,32 @@ class SortQuant(Compressor):
 
     def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
         """``_encode_exact`` on the host (numpy): for a few thousand values, a handful of
-        numpy calls cost less than the same number of tensor ops. Same codes, bit for bit."""
+        numpy calls cost less than the same number of tensor ops. No argsort (several
+        times the cost of a sort): each element finds its bucket by comparison with the
+        values at the bucket starts (``_rank_buckets``). Same codes, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
-        order = np.argsort(x, kind="stable")
-        values = x[order]
+        values = np.sort(x)                                                      # [N]
         self.raise_if_nonfinite(flat, probe=float(values[-1]) - float(values[0]))  # NaN sorts last
         starts = _starts(count, buckets)
         lo, step = _bucket_tables(values[_ends(starts)], starts, q_bits)
-        bucket = np.repeat(np.arange(buckets), np.diff(starts))                  # [N]
-        safe_step = np.where(step > 0, step, 1.0).astype(np.float32)
-        q = (values.astype(np.float32) - lo.astype(np.float32)[bucket]) / safe_step[bucket]
-        sorted_codes = np.clip(np.rint(q), 0, (1 << q_bits) - 1).astype(np.int32) + (
-            bucket.astype(np.int32) << q_bits)                                   # [N]
-        codes = np.empty_like(sorted_codes)
-        codes[order] = sorted_codes
-        exact = exact_candidates(float(values[0]), float(values[-1]), flat)
+        lo32 = lo.astype(np.float32)
+        step32 = np.where(step > 0, step, 1.0).astype(np.float32)
+
+        def codes_of(v: np.ndarray, bucket: np.ndarray) -> np.ndarray:
+            """[n] values (as float32) and their buckets -> [n] int32 codes."""
+            q = (v.astype(np.float32) - lo32[bucket]) / step32[bucket]
+            return np.clip(np.rint(q), 0, (1 << q_bits) - 1).astype(np.int32) + (
+                bucket.astype(np.int32) << q_bits)
+
+        codes = codes_of(x, _rank_buckets(x, values, starts))                    # [N]
+        exact = exact_candidates(float(values[0]), float(values[-1]), x)
         runs = zip(np.searchsorted(values, exact, "left").tolist(),
                    np.searchsorted(values, exact, "right").tolist())
-        pairs = _exact_in_runs(exact.tolist(), runs, starts,
-                               lambda at: sorted_codes[at].tolist())
+        pairs = _exact_in_runs(exact.tolist(), runs, starts, lambda at: codes_of(
+            values[at], np.searchsorted(starts, at, "right") - 1).tolist())
         head = levels_head(self.bits, self.split, lo, step, pairs, flat.dtype)
-        payload, segment = new_payload(count, self.bits, head, torch.device("cpu"))
-        pack(torch.from_numpy(codes), self.bits, out=segment)
-        return payload.to(flat.device)
+        return host_payload(head, codes, self.bits).to(flat.device)
 
     def _encode_estimated(self, flat: torch.Tensor) -> torch.Tensor:
         """Boundaries from a sample's quantiles, snapped to a uniform grid; a per-cell affine map."""
@@ -262,6 +267,27 @@ def _ends(starts: list[int]) -> list[int]:
     """[2K] ranks of each bucket's first element, then of each bucket's last."""
     count = starts[-1]
     return [min(s, count - 1) for s in starts[:-1]] + [max(s - 1, 0) for s in starts[1:]]
+
+
+def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: list[int]) -> np.ndarray:
+    """The bucket of each element's rank in a stable sort, without the sort's permutation.
+
+    x: [N] values; values: [N] x sorted; starts: [K+1] (``_starts``) -> [N] int32. An
+    element reaches bucket k if it is above the value t at rank ``starts[k]``; of the
+    elements equal to t, the stable sort puts the first occurrences below the start.
+    """
+    bucket = np.zeros(x.size, dtype=np.int32)
+    for start in starts[1:-1]:
+        if start >= x.size:  # this bucket and those after it are empty
+            break
+        t = values[start]
+        if values[start - 1] < t:  # no run of t crosses the start
+            bucket += x >= t
+        else:  # the first (start - first rank of t) occurrences of t stay below
+            ties = x == t
+            below = start - int(np.searchsorted(values, t))
+            bucket += (x > t) | (ties & (np.cumsum(ties) > below))
+    return bucket
 
 
 def _bucket_tables(ends: np.ndarray, starts: list[int],

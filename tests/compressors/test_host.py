@@ -1,0 +1,156 @@
+"""The small-tensor host path (``host.py``): same wire format and guarantees as the torch path."""
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_epipe.compressors import Packet, get_compressor, host
+from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
+from lightning_epipe.compressors.sortquant import _rank_buckets, _starts
+
+from .cases import codec_id
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+#: Codecs whose host and torch paths write the same payload, bit for bit.
+SAME_PAYLOAD = [
+    ("quantize", {"bits": 2}),
+    ("quantize", {"bits": 4}),
+    ("quantize", {"bits": 8}),
+    ("quantize", {"bits": 13}),
+    ("topk", {"fraction": 0.25, "bits": 6}),
+]
+
+
+def inputs(n: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """ReLU activations, an additive attention mask, normal values, a constant: [n] each."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    mask = torch.where(torch.rand(n, generator=g) < 1 / 3, -1e4, 0.0)
+    return [t.to(dtype) for t in (torch.relu(x), mask, x, torch.full((n,), 0.5))]
+
+
+def torch_path(monkeypatch) -> None:
+    monkeypatch.setattr(host, "HOST_MAX", -1)
+
+
+@pytest.mark.parametrize("width", range(1, 33))
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 100, 1001])
+def test_host_packing_is_the_torch_layout(width, count):
+    codes = np.random.default_rng(width * count).integers(0, 1 << width, count, dtype=np.int64)
+    packed = pack(torch.from_numpy(codes), width).numpy()
+    out = np.empty(packed_nbytes(count, width), dtype=np.uint8)
+    pack_host(codes, width, out)
+    assert np.array_equal(out, packed)
+    back = unpack_host(packed, width, count)
+    assert np.array_equal(back, codes)
+    assert back.dtype == unpack(torch.from_numpy(packed), width, count).numpy().dtype
+
+
+@pytest.mark.parametrize("case", SAME_PAYLOAD, ids=codec_id)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [1, 37, 2048, host.HOST_MAX])
+def test_host_and_torch_paths_write_and_read_the_same_packets(case, dtype, n, monkeypatch):
+    name, kwargs = case
+    for x in inputs(n, dtype):
+        fast = get_compressor(name, **kwargs).encode(x)
+        decoded = get_compressor(name, **kwargs).decode(fast)
+        with monkeypatch.context() as m:
+            torch_path(m)
+            slow = get_compressor(name, **kwargs).encode(x)
+            assert torch.equal(get_compressor(name, **kwargs).decode(fast), decoded)
+        assert torch.equal(fast.payload, slow.payload)
+        assert decoded.dtype == dtype and decoded.shape == x.shape
+
+
+@pytest.mark.parametrize("case", [("quantize", {"bits": 4}), ("sortquant", {"bits": 8}),
+                                  ("lloydmax", {"bits": 4}), ("lloydmax", {"bits": 8})],
+                         ids=codec_id)
+@pytest.mark.parametrize("n", [host.HOST_MAX, host.HOST_MAX + 1], ids=["host", "torch"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_min_max_and_repeats_are_exact_on_both_sides_of_the_threshold(case, n, dtype):
+    name, kwargs = case
+    relu, mask, _, constant = inputs(n, dtype)
+    for x in (relu, mask, constant):
+        p = get_compressor(name, **kwargs).encode(x)
+        y = get_compressor(name, **kwargs).decode(Packet.from_bytes(p.to_bytes()))
+        assert y.dtype == dtype and (y[x == 0] == 0).all()
+        assert y.max() == x.max() and y.min() == x.min()
+    y = get_compressor(name, **kwargs).decode(get_compressor(name, **kwargs).encode(mask))
+    assert torch.equal(y, mask)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_lloydmax_host_path_codes_each_value_as_its_nearest_level(bits, dtype):
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(bits)).to(dtype)
+    c = get_compressor("lloydmax", bits=bits)
+    p = c.encode(x)
+    codebook = p.payload[4:4 + 4 * (1 << bits)].view(torch.float32).double()
+    y = c.decode(p).double()
+    nearest = (x.double()[:, None] - codebook[None, :]).abs().min(dim=1).values
+    rounding = torch.finfo(dtype).eps * codebook.abs().max()  # a level rounded to dtype
+    assert ((x.double() - y).abs() <= nearest + rounding).all()
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_lloydmax_host_path_is_as_good_as_the_torch_path(bits, monkeypatch):
+    x = torch.randn(4000, generator=torch.Generator().manual_seed(0))
+
+    def error() -> float:
+        c = get_compressor("lloydmax", bits=bits)
+        return float((c.decode(c.encode(x)) - x).norm() / x.norm())
+
+    fast = error()
+    torch_path(monkeypatch)
+    assert fast <= error() * 1.02
+
+
+def test_lloydmax_host_path_pins_a_spike_inside_the_range():
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(1))
+    x[::5] = 0.3
+    c = get_compressor("lloydmax", bits=3)
+    y = c.decode(c.encode(x))
+    assert (y[x == 0.3] == 0.3).all()
+
+
+@pytest.mark.parametrize("values", [[0, 0, 0, 1, 1, 1, 1, 2], [5] * 9, [1, 2, 2, 2, 2, 2, 2, 3],
+                                    [0] * 7 + [1]])
+@pytest.mark.parametrize("buckets", [2, 4, 16])
+def test_rank_buckets_are_the_buckets_of_a_stable_sort(values, buckets):
+    x = np.random.default_rng(len(values)).permutation(np.asarray(values, dtype=np.float32))
+    order = np.argsort(x, kind="stable")
+    starts = _starts(x.size, buckets)
+    expected = np.empty(x.size, dtype=np.int64)
+    expected[order] = np.repeat(np.arange(buckets), np.diff(starts))
+    assert np.array_equal(_rank_buckets(x, np.sort(x), starts), expected)
+
+
+@pytest.mark.parametrize("n", [1000, 100_000], ids=["host", "torch"])
+@pytest.mark.parametrize("bits", [4, 8, 13])
+def test_quantize_keeps_the_max_exact_when_the_span_overflows_float32(n, bits):
+    x = torch.full((n,), 3e38)
+    x[::2] = -3e38
+    x[1] = 1.0
+    c = get_compressor("quantize", bits=bits)
+    y = c.decode(c.encode(x))
+    assert torch.equal(y[x.abs() == 3e38], x[x.abs() == 3e38])
+
+
+def test_cuda_tensors_and_large_ones_take_the_torch_path():
+    assert host.on_host(host.HOST_MAX, torch.device("cpu"))
+    assert not host.on_host(host.HOST_MAX + 1, torch.device("cpu"))
+    assert not host.on_host(1, torch.device("cuda", 0))
+    assert host.host_array(torch.zeros(host.HOST_MAX + 1)) is None
+    assert host.host_array(torch.zeros(3, dtype=torch.bfloat16)).dtype == np.float32
+
+
+def test_lloyd_steps_and_nearest():
+    points = np.array([0.0, 1.0, 2.0, 10.0, 11.0])
+    levels = host.lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), None, 10)
+    assert np.allclose(levels, [1.0, 10.5])
+    fixed = host.lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), np.array([True, False]), 10)
+    assert fixed[0] == 0.0
+    assert host.nearest(np.array([0.4, 0.5, 0.6, 3.0], dtype=np.float32),
+                        np.array([0.0, 1.0, 2.0])).tolist() == [0, 0, 1, 2]
+    many = np.arange(100.0)
+    assert np.array_equal(host.nearest(np.array([3.2, 50.5, 99.0]), many), [3, 50, 99])
