@@ -72,7 +72,7 @@ ARGUMENTS = """\
         timeout: bound on every wait for a peer (and the process group's collectives).
         start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).
-        verify_checksum: CRC32 every CPU payload.
+        verify_checksum: checksum (XXH3-64) every CPU payload, checked by the receiver.
 """
 
 

@@ -6,7 +6,7 @@ from lightning_epipe.strategy.comm.wire import HEADER_LEN, Header, Kind, WireErr
 
 def _header(**kw):
     fields = dict(kind=Kind.ACTIVATION, step=3, microbatch=1, num_microbatches=4, index=0, count=2,
-                  flags=0, payload_nbytes=100, crc=7)
+                  flags=0, payload_nbytes=100, checksum=-7)
     fields.update(kw)
     return Header(**fields)
 
@@ -40,8 +40,28 @@ def test_expect_names_every_mismatch():
         _header().expect("link", kind=Kind.GRADIENT)
 
 
-def test_checksum_detects_a_flipped_bit():
-    payload = torch.arange(64, dtype=torch.uint8)
+@pytest.mark.parametrize("nbytes", [1, 63, 64, 4097])
+def test_checksum_detects_a_flipped_bit(nbytes):
+    payload = torch.arange(nbytes, dtype=torch.uint8)
     before = checksum(payload)
-    payload[10] ^= 1
-    assert checksum(payload) != before
+    for at in {0, nbytes // 2, nbytes - 1}:
+        payload[at] ^= 1
+        assert checksum(payload) != before, at
+        payload[at] ^= 1
+    assert checksum(payload) == before
+
+
+def test_checksum_travels_in_the_header_as_a_signed_word():
+    """XXH3-64 digests span all 64 bits; the header's int64 word holds each one exactly."""
+    digests = {checksum(torch.tensor([i & 255, i >> 8], dtype=torch.uint8)) for i in range(512)}
+    assert any(d < 0 for d in digests) and any(d > 0 for d in digests)
+    for d in digests:
+        assert -(1 << 63) <= d < 1 << 63
+        h = _header(checksum=d)
+        assert Header.read(_frame(h), "link").checksum == d
+
+
+def _frame(header: Header) -> torch.Tensor:
+    frame = torch.zeros(HEADER_LEN * 8, dtype=torch.uint8)
+    header.write(frame)
+    return frame

@@ -17,7 +17,7 @@ receiver posts the next frame of a stream only after it has read the one before,
 notice is never mistaken for a frame. A notice costs a whole frame
 of the old size on the wire, which is why a payload that grew gets 1/64 of headroom.
 
-Checksums: CRC32 of the payload, computed where the payload is in host memory (gloo);
+Checksums: XXH3-64 of the payload (``wire.checksum``), computed where the payload is in host memory (gloo);
 on accelerator links the header says 0 and NCCL's own integrity checks stand.
 
 Link rates: every data frame's send is timed from its post to its completion, as the
@@ -218,8 +218,8 @@ class Transport:
                 torch.cuda.current_stream(payload.device).synchronize()  # gloo reads the host copy at once
         if capacity > size:
             frame[end:].zero_()  # padding
-        crc = checksum(frame[HEADER_NBYTES:end]) if self.verify_checksum and size else 0
-        header = header.framed(size, crc)
+        digest = checksum(frame[HEADER_NBYTES:end]) if self.verify_checksum and size else 0
+        header = header.framed(size, digest)
         header.write(frame)
         nbytes = frame.numel()
         resized = expected != nbytes
@@ -322,7 +322,7 @@ class Transport:
         if end > frame.numel():
             raise WireError(f"{link}: {what}: the header announces {header.payload_nbytes} payload bytes in a frame of {frame.numel()}")
         payload = frame[HEADER_NBYTES:end] if header.payload_nbytes else None
-        if payload is not None and self.verify_checksum and header.crc and checksum(payload) != header.crc:
+        if payload is not None and self.verify_checksum and header.checksum and checksum(payload) != header.checksum:
             raise WireError(f"{link}: {what}: payload checksum mismatch ({header.payload_nbytes} bytes corrupted in transit)")
         if payload is not None and name != CONTROL and payload.device != self.device:
             payload = payload.to(self.device, non_blocking=True)  # host-staged: onto the GPU, from pinned memory
