@@ -37,7 +37,7 @@ from .sampling import strided_sample
 
 __all__ = ["Levels", "levels_nbytes", "levels_head", "new_payload", "write_codes",
            "read_levels", "lookup", "cast_levels", "host_bytes",
-           "f32", "work_dtype", "host_work",
+           "f32", "F32_OVERFLOW", "work_dtype", "host_work",
            "strided_sample"]
 
 _PREFIX = 4
@@ -59,6 +59,10 @@ class Levels:
 def levels_nbytes(numel: int, bits: int, split: int, entries: int = 0) -> int:
     """Payload bytes: prefix, two float32 per bucket, ``entries`` exact entries, codes."""
     return _PREFIX + 8 * (1 << split) + exact_nbytes(entries) + packed_nbytes(numel, bits)
+
+
+#: The smallest value that rounds to Inf in float32 (half an ulp above its max).
+F32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
 
 
 def f32(value: float) -> float:

@@ -85,15 +85,14 @@ from .base import Compressor, check_int
 from .bitpack import pack_into, packed_nbytes, unpack_host, unpack_range
 from .cache_blocks import cache_blocks
 from .grid import GRID, Grid, grid_size
-from .host import host_array, host_payload, lloyd_steps, nearest, on_host
-from .levels import host_bytes
-from .quantize import F32_OVERFLOW
+from .host import host_array, host_payload, on_host
+from .levels import F32_OVERFLOW, host_bytes
 from .sampling import fit_sample_size, strided_sample
 from .packet import Packet, bytes_as
 from .registry import register_compressor
 
 __all__ = ["LloydMax", "Grid", "fit_levels", "cell_codes", "lloydmax_nbytes", "GRID", "SAMPLE",
-           "SPIKE_SAMPLE", "NEIGHBOURS"]
+           "SPIKE_SAMPLE", "NEIGHBOURS", "fit_levels_host", "lloyd_steps", "nearest"]
 
 #: Elements sampled for the histogram at most (``256 L``; all of them for smaller tensors).
 SAMPLE = 1 << 16
@@ -303,7 +302,7 @@ def fit_levels_host(values: np.ndarray, levels_n: int, iterations: int,
     count the weight), and the steps are those of ``fit_levels``: spikes (every value
     holding 1/(2L) of the tensor, the most frequent L/2 at most, and from
     ``PIN_ENDS_FROM`` levels the min and max) pinned, density-weighted initial levels,
-    then Lloyd steps (``host.lloyd_steps``).
+    then Lloyd steps (:func:`lloyd_steps`).
     """
     count = values.size
     starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))  # [D]
@@ -428,3 +427,42 @@ def cell_codes(codebook: torch.Tensor, pinned: torch.Tensor, grid: Grid) -> torc
     spike_code = torch.full_like(code, -1)
     spike_code.scatter_reduce_(0, spike_cells, pinned.nonzero().squeeze(1), "amax")
     return torch.where(spike_code >= 0, spike_code, code).to(torch.uint8)
+
+
+def lloyd_steps(points: np.ndarray, weight: np.ndarray, levels: np.ndarray,
+                fixed: np.ndarray | None, iterations: int) -> np.ndarray:
+    """Weighted Lloyd steps: each level not ``fixed`` moves to the mean of the points
+    nearest to it (boundaries at the midpoints of the levels, prefix sums: O(L log E) a
+    step); stops early when no level moves. A level without points keeps its value.
+
+    points: [E] sorted; weight: [E] > 0; levels: [L] float64 sorted; fixed: [L] bool or
+    None -> [L] float64.
+    """
+    below = np.zeros((2, points.size + 1))  # prefix sums of weight and of weight * point
+    np.cumsum(weight, out=below[0, 1:])
+    np.cumsum(points * weight, out=below[1, 1:])
+    edges = np.empty(levels.size + 1, dtype=np.int64)                            # [L+1]
+    edges[0], edges[-1] = 0, points.size
+    free = np.ones(levels.size, dtype=bool) if fixed is None else ~fixed
+    for _ in range(iterations):
+        edges[1:-1] = np.searchsorted(points, (levels[1:] + levels[:-1]) * 0.5)
+        at = below[:, edges]                                                     # [2, L+1]
+        n, s = at[:, 1:] - at[:, :-1]                                            # [L] each
+        moved = np.where((n > 0) & free, s / np.maximum(n, 1e-300), levels)
+        if (moved == levels).all():
+            break
+        levels = moved
+    return levels
+
+
+def nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """x: [N] -> [N] index of the nearest of the sorted ``levels`` [L] (ties to the lower),
+    i.e. the number of midpoints below each value: uint8 for L <= 256, else int32."""
+    cuts = (levels[1:] + levels[:-1]) / 2                                        # [L-1]
+    x = x.astype(np.float64, copy=False)  # a value on a level is never past its midpoint
+    if cuts.size > 15:
+        return np.searchsorted(cuts, x).astype(np.uint8 if levels.size <= 256 else np.int32)
+    codes = np.zeros(x.size, dtype=np.uint8)
+    for cut in cuts:  # 15 branch-free compares beat a binary search per element
+        codes += x > cut
+    return codes

@@ -19,15 +19,12 @@ import torch
 from .base import Compressor, check_int
 from .exact import exact_candidates
 from .host import host_array, host_payload
-from .levels import (f32, host_work, levels_head, lookup, new_payload, read_levels,
-                     write_codes)
+from .levels import (F32_OVERFLOW, f32, host_work, levels_head, lookup, new_payload,
+                     read_levels, write_codes)
 from .packet import Packet
 from .registry import register_compressor
 
-__all__ = ["Quantize", "encode_uniform", "uniform_codes", "F32_OVERFLOW"]
-
-#: The smallest value that rounds to Inf in float32 (half an ulp above its max).
-F32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+__all__ = ["Quantize", "encode_uniform", "uniform_codes"]
 
 
 @register_compressor

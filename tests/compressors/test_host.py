@@ -6,6 +6,7 @@ import torch
 
 from lightning_epipe.compressors import Packet, get_compressor, host
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
+from lightning_epipe.compressors.lloydmax import lloyd_steps, nearest
 from lightning_epipe.compressors.sortquant import _rank_buckets, _starts
 
 from .cases import codec_id
@@ -146,11 +147,11 @@ def test_cuda_tensors_and_large_ones_take_the_torch_path():
 
 def test_lloyd_steps_and_nearest():
     points = np.array([0.0, 1.0, 2.0, 10.0, 11.0])
-    levels = host.lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), None, 10)
+    levels = lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), None, 10)
     assert np.allclose(levels, [1.0, 10.5])
-    fixed = host.lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), np.array([True, False]), 10)
+    fixed = lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), np.array([True, False]), 10)
     assert fixed[0] == 0.0
-    assert host.nearest(np.array([0.4, 0.5, 0.6, 3.0], dtype=np.float32),
+    assert nearest(np.array([0.4, 0.5, 0.6, 3.0], dtype=np.float32),
                         np.array([0.0, 1.0, 2.0])).tolist() == [0, 0, 1, 2]
     many = np.arange(100.0)
-    assert np.array_equal(host.nearest(np.array([3.2, 50.5, 99.0]), many), [3, 50, 99])
+    assert np.array_equal(nearest(np.array([3.2, 50.5, 99.0]), many), [3, 50, 99])
