@@ -15,7 +15,10 @@ side. A run's throughput is its samples over the timed span (the rate of its med
 is kept in the JSON as ``*_median_step``). Reported: the median samples/s of each over the
 repetitions, the median of the per-repetition ratios and their spread (min-max), and the efficiency: samples/s over K
 times one process's (the whole model in one Lightning process), next to the ideal
-``m / (m + K - 1)`` scaled by the split's balance (8 / (K x the largest stage)).
+``m / (m + K - 1)`` scaled by the split's balance (8 / (K x the largest stage)). And per
+cell the step time EPipe takes beyond torch's (``BATCH`` over each median rate), next to
+Lightning's own per-step cost on that width: one Lightning process on the whole model
+against the same model in a plain loop (``plain``: no Trainer), both per repetition.
 
 ``--slow-link``: ``none``, ``sortquant`` 8 bits and ``lloydmax`` 4 bits; client-server, 2
 processes, width 1024, chunks 8, both ranks in a network
@@ -76,12 +79,13 @@ def base(cell: dict, steps: int) -> dict:
 
 def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
     rows = [dict(cell, epipe=[], torch=[], epipe_median_step=[], torch_median_step=[], errors=[]) for cell in grid]
-    singles: dict[int, list[float]] = {}
+    singles: dict[tuple[str, int], list[float]] = {}  # (kind, width) -> samples/s per repetition
     for rep in range(repeats):
         for width in sorted({c["width"] for c in grid}):
-            single = run({**base(dict(stages=2, width=width, chunks=1), steps), "kind": "single", "devices": 1})
-            if single.get(RATE):
-                singles.setdefault(width, []).append(single[RATE])
+            for kind in ("single", "plain"):
+                one = run({**base(dict(stages=2, width=width, chunks=1), steps), "kind": kind, "devices": 1})
+                if one.get(RATE):
+                    singles.setdefault((kind, width), []).append(one[RATE])
         for row in rows:
             cfg = base(row, steps)
             mine = run({**cfg, "kind": "epipe", "strategy": {"schedule": row["schedule"], "verify_checksum": row["checksum"]}})
@@ -96,7 +100,8 @@ def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
                   f" epipe {mine.get(RATE) or mine.get('error')}, torch {peer.get(RATE) or peer.get('error')}",
                   flush=True)
     for row in rows:
-        row["single"] = singles.get(row["width"], [])
+        row["single"] = singles.get(("single", row["width"]), [])
+        row["plain"] = singles.get(("plain", row["width"]), [])
     return rows
 
 
@@ -109,12 +114,20 @@ def summary(row: dict) -> dict:
     def eff(values: list[float]) -> Optional[float]:
         return statistics.median(values) / (k * single) if values and single else None
 
+    def step_ms(values: list[float]) -> Optional[float]:
+        return 1000 * BATCH / statistics.median(values) if values else None
+
+    def beyond(a: list[float], b: list[float]) -> Optional[float]:
+        """Step time of ``a`` minus that of ``b`` (ms)."""
+        return step_ms(a) - step_ms(b) if a and b else None
+
     return dict(
         epipe=statistics.median(row["epipe"]) if row["epipe"] else None,
         torch=statistics.median(row["torch"]) if row["torch"] else None,
         ratio=statistics.median(ratios) if ratios else None,
         spread=(min(ratios), max(ratios)) if ratios else None,
         eff_epipe=eff(row["epipe"]), eff_torch=eff(row["torch"]), ideal=ideal_efficiency(m, k) * balance,
+        beyond_torch_ms=beyond(row["epipe"], row["torch"]), lightning_ms=beyond(row["single"], row.get("plain", [])),
     )
 
 
@@ -126,9 +139,11 @@ def table(rows: list[dict]) -> str:
         schedule = row["schedule"] + ("" if row["checksum"] else ", no CRC")
         body.append([row["stages"], row["width"], row["chunks"], schedule, fmt(s["epipe"], ".0f"),
                      fmt(s["torch"], ".0f"), fmt(s["ratio"], ".2f", "x"), spread, fmt(s["eff_epipe"], ".2f"),
-                     fmt(s["eff_torch"], ".2f"), fmt(s["ideal"], ".2f"), "; ".join(row["errors"])[:80]])
+                     fmt(s["eff_torch"], ".2f"), fmt(s["ideal"], ".2f"), fmt(s["beyond_torch_ms"], ".2f"),
+                     fmt(s["lightning_ms"], ".2f"), "; ".join(row["errors"])[:80]])
     return markdown_table(["K", "width", "chunks", "schedule", "EPipe samples/s", "torch samples/s", "ratio (median)",
-                           "ratio spread", "efficiency EPipe", "efficiency torch", "ideal x balance", "errors"], body)
+                           "ratio spread", "efficiency EPipe", "efficiency torch", "ideal x balance",
+                           "EPipe - torch ms/step", "Lightning ms/step", "errors"], body)
 
 
 def plot(rows: list[dict]) -> Path:

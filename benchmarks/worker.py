@@ -256,8 +256,25 @@ def run_pipelining(cfg: dict) -> dict | None:
     return rates(times, cfg["warmup"], batch) if rank == 0 else None
 
 
+def run_plain(cfg: dict) -> dict:
+    """The whole model in one process in a plain loop (no Lightning): what ``single`` costs minus
+    Lightning's per-step work. Same data slices, loss and optimizer as ``StackRegressor``."""
+    layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
+    opt = torch.optim.SGD(layers.parameters(), lr=1e-3)
+    batch = cfg["batch"]
+    x_all, y_all = make_data(shape, batch * cfg["steps"]).tensors
+    times = []
+    for step in range(cfg["steps"]):
+        x, y = x_all[step * batch:(step + 1) * batch], y_all[step * batch:(step + 1) * batch]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(layers(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter())
+    return rates(times, cfg["warmup"], batch)
+
+
 KINDS = {"epipe": run_lightning, "ddp": run_lightning, "single": run_lightning,
-         "pipelining": run_pipelining, "digits": run_digits}
+         "pipelining": run_pipelining, "digits": run_digits, "plain": run_plain}
 
 
 def main() -> None:

@@ -2,7 +2,8 @@
 
 Payload: the tensor's elements in C order as raw little-endian bytes of the wire dtype.
 ``encode`` may return a payload that shares memory with a contiguous input (no copy);
-``decode`` always returns fresh memory, so a receive buffer can be reused.
+``decode`` returns fresh memory, so a receive buffer can be reused, unless the packet is
+``owned`` (a received frame nobody reads again): then the tensor is a view of it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class NoCompression(Compressor):
         numel, itemsize = packet.shape.numel(), packet.dtype.itemsize
         self.expect_packet(packet, packet.payload.numel() == numel * itemsize,
                      f"{numel} values of {packet.dtype} take {numel * itemsize} bytes")
-        return bytes_as(packet.payload, packet.dtype).clone().reshape(packet.shape)
+        values = bytes_as(packet.payload, packet.dtype)
+        return (values if packet.owned else values.clone()).reshape(packet.shape)
 
     @property
     def lossless(self) -> bool:
@@ -74,7 +76,10 @@ class _Cast(Compressor):
         self.expect_packet(packet, packet.payload.numel() == numel * itemsize,
                      f"{numel} values of {self.wire} take {numel * itemsize} bytes")
         y = bytes_as(packet.payload, self.wire)
-        y = y.clone() if packet.dtype == self.wire else y.to(packet.dtype)
+        if packet.dtype != self.wire:
+            y = y.to(packet.dtype)
+        elif not packet.owned:
+            y = y.clone()
         return y.reshape(packet.shape)
 
 

@@ -85,7 +85,9 @@ class Packet:
 
     ``payload`` is a 1-D contiguous uint8 tensor on the device of the encoded tensor; any
     codebook, scale or index the codec needs lives in it. ``nbytes`` is the exact size on
-    the wire. ``eq=False``: tensors do not compare to a single bool.
+    the wire. ``owned``: the payload's memory is the packet's alone (a received frame
+    nobody reads again), so a codec may decode into a view of it instead of a copy.
+    ``eq=False``: tensors do not compare to a single bool.
 
     Example:
         >>> p = Packet(codec=0, dtype=torch.float32, shape=torch.Size([2]),
@@ -98,6 +100,7 @@ class Packet:
     dtype: torch.dtype
     shape: torch.Size
     payload: torch.Tensor
+    owned: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.codec, int) or not 0 <= self.codec <= 255:
@@ -131,8 +134,9 @@ class Packet:
         return torch.cat([head.to(self.payload.device), self.payload])
 
     @classmethod
-    def from_bytes(cls, buf: torch.Tensor) -> Packet:
-        """Parse ``to_bytes`` output; the payload is a view into ``buf`` (no copy).
+    def from_bytes(cls, buf: torch.Tensor, owned: bool = False) -> Packet:
+        """Parse ``to_bytes`` output; the payload is a view into ``buf`` (no copy). ``owned``:
+        nothing else reads or reuses ``buf``, so the decoded tensor may share its memory.
 
         Raises PacketError naming the first field that does not check out.
         """
@@ -164,4 +168,4 @@ class Packet:
         dims = struct.unpack(f"<{ndim}q", bytes(buf[_FIXED.size:head].cpu().tolist()))
         if any(d < 0 for d in dims):
             raise PacketError(f"negative dimension in shape {list(dims)}")
-        return cls(codec, _DTYPES[dtype_code], torch.Size(dims), buf[head:])
+        return cls(codec, _DTYPES[dtype_code], torch.Size(dims), buf[head:], owned)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_epipe.compressors import Bf16, Fp16, NoCompression, NonFiniteError
+from lightning_epipe.compressors import Bf16, Fp16, NoCompression, NonFiniteError, Packet
 
 
 @pytest.mark.parametrize("x", [
@@ -23,6 +23,28 @@ def test_none_carries_any_dtype_bit_exactly(x):
 def test_none_payload_shares_memory_with_a_contiguous_input():
     x = torch.randn(10)
     assert NoCompression().encode(x).payload.data_ptr() == x.data_ptr()
+
+
+@pytest.mark.parametrize("codec, dtype", [(NoCompression(), torch.float32), (NoCompression(), torch.int64),
+                                          (Fp16(), torch.float16), (Bf16(), torch.bfloat16)])
+def test_an_owned_packet_decodes_into_a_view_of_its_buffer_and_another_into_fresh_memory(codec, dtype):
+    x = (torch.randn(6, 5) * 10).to(dtype)
+    buf = codec.encode(x).to_bytes()  # what a receive frame holds
+    for owned in (True, False):
+        packet = Packet.from_bytes(buf, owned=owned)
+        y = codec.decode(packet)
+        assert y.dtype == dtype and torch.equal(y, x)
+        assert (y.data_ptr() == packet.payload.data_ptr()) == owned
+    y = codec.decode(Packet.from_bytes(buf, owned=False))
+    buf.zero_()  # a receive buffer reused: an unowned packet's tensor keeps its values
+    assert torch.equal(y, x)
+
+
+def test_an_owned_fp16_packet_of_another_dtype_is_converted_not_viewed():
+    x = torch.randn(8)
+    packet = Packet.from_bytes(Fp16().encode(x).to_bytes(), owned=True)
+    y = Fp16().decode(packet)
+    assert y.dtype == torch.float32 and torch.equal(y, x.half().float())
 
 
 def test_none_checks_floats_but_can_send_nan_raw():

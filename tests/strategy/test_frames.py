@@ -61,3 +61,17 @@ def test_a_smaller_last_batch_travels_padded():
 ])
 def test_frame_capacity(payload, capacity, short_before, frame):
     assert frame_capacity(payload, capacity, short_before) == frame
+
+
+def test_a_prefix_leads_the_payload_in_one_frame_under_one_checksum():
+    fabric = MemoryFabric(2, rule="nccl")
+    ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=fabric.backend(r)) for r in (0, 1)]
+    prefix, payload = bytes(range(24)), torch.arange(200, dtype=torch.uint8)
+    for step in (1, 2):  # a notice then the frame; then the frame alone
+        sent = ends[0].send(1, Header.data(Kind.ACTIVATION, step, 0, 1, 0, 1), payload, prefix=prefix)
+        got = ends[1].recv(0, "test", kind=Kind.ACTIVATION, step=step, microbatch=0)
+        assert got.header.payload_nbytes == 224 and got.nbytes == sent
+        assert bytes(got.payload[:24].tolist()) == prefix and torch.equal(got.payload[24:], payload)
+        ends[0].flush()
+    frames = [n for rank, op, _peer, _group, n in fabric.log if rank == 0 and op == "send"]
+    assert frames == [HEADER_NBYTES, HEADER_NBYTES + 224, HEADER_NBYTES + 224]

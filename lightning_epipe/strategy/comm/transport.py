@@ -17,6 +17,11 @@ receiver posts the next frame of a stream only after it has read the one before,
 notice is never mistaken for a frame. A notice costs a whole frame
 of the old size on the wire, which is why a payload that grew gets 1/64 of headroom.
 
+Copies: a sender writes a packet's header and payload straight into the frame (``prefix``),
+one copy of the encoded tensor; every receive lands in a frame of its own that is never
+reused, so its payload is handed out as a view and ``none`` decodes it without a copy
+(``Packet.owned``).
+
 Checksums: XXH3-64 of the payload (``wire.checksum``), computed where the payload is in host memory (gloo);
 on accelerator links the header says 0 and NCCL's own integrity checks stand.
 
@@ -41,6 +46,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Mapping, Optional
 
+import numpy
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -135,6 +141,14 @@ def frame_capacity(payload_nbytes: int, capacity: int, short_before: bool = Fals
     return payload_nbytes
 
 
+def _write_bytes(frame: Tensor, offset: int, data: bytes) -> None:
+    """Copy host ``data`` into ``frame`` (uint8, any device) at ``offset``."""
+    if frame.device.type == "cpu":
+        frame.numpy()[offset:offset + len(data)] = numpy.frombuffer(data, dtype=numpy.uint8)
+    else:
+        frame[offset:offset + len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+
 def _key(kind: int, microbatch: int, index: int) -> Key:
     # a control message's micro-batch field carries an argument: control keys ignore it
     return (int(kind), int(microbatch) if stream_name(kind) != CONTROL else 0, int(index))
@@ -196,13 +210,15 @@ class Transport:
 
     # ------------------------------------------------------------------ sending
 
-    def send(self, peer: int, header: Header, payload: Optional[Tensor] = None) -> int:
-        """Post ``header`` and ``payload`` (1-D uint8) to ``peer`` as one frame; returns the bytes it put
-        on the wire: the frame's, padding included, and a size notice's when one goes first."""
+    def send(self, peer: int, header: Header, payload: Optional[Tensor] = None, prefix: bytes = b"") -> int:
+        """Post ``header`` and ``prefix + payload`` (``payload``: 1-D uint8) to ``peer`` as one frame;
+        returns the bytes it put on the wire: the frame's, padding included, and a size notice's
+        when one goes first. ``prefix``: bytes that lead the payload in the frame (a packet's
+        header), so an encoded tensor is copied once on its way out: into its frame."""
         name, group, device = self._route(header.kind, self.rank, peer)
-        size = 0 if payload is None else payload.numel()
         if payload is not None and (payload.dtype != torch.uint8 or payload.dim() != 1):
             raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} {tuple(payload.shape)}")
+        size = len(prefix) + (0 if payload is None else payload.numel())
         slot = (name, self.rank, peer, _key(header.kind, header.microbatch, header.index))
         expected = self._frame_sizes.get(slot, HEADER_NBYTES)
         capacity = frame_capacity(size, expected - HEADER_NBYTES, slot in self._short)
@@ -211,9 +227,11 @@ class Transport:
         else:
             self._short.add(slot)
         frame = self._frame(HEADER_NBYTES + capacity, device)
-        end = HEADER_NBYTES + size
-        if size:
-            frame[HEADER_NBYTES:end].copy_(payload, non_blocking=True)
+        start, end = HEADER_NBYTES + len(prefix), HEADER_NBYTES + size
+        if prefix:
+            _write_bytes(frame, HEADER_NBYTES, prefix)
+        if end > start:
+            frame[start:end].copy_(payload, non_blocking=True)
             if payload.device != frame.device and payload.device.type == "cuda":
                 torch.cuda.current_stream(payload.device).synchronize()  # gloo reads the host copy at once
         if capacity > size:

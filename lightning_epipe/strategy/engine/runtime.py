@@ -412,8 +412,9 @@ class PipelineRuntime:
             codec = self._on_nonfinite(kind, cut, mb, t)
             flags |= Flag.NONFINITE
         with _no_autocast(t.device.type):  # codecs compute in the tensor's own dtype
-            buf = codec.encode(t).to_bytes()
-        nbytes = self.transport.send(peer, Header.data(kind, self.step, mb, self.num_microbatches, j, n, flags), buf)
+            packet = codec.encode(t)
+        header = Header.data(kind, self.step, mb, self.num_microbatches, j, n, flags)
+        nbytes = self.transport.send(peer, header, packet.payload, prefix=packet.header())
         raw = t.numel() * t.element_size() if kind == Kind.INPUT else self._raw_bytes(cut, j, t)
         self.stats.link(LinkKey("send", peer, Direction.of(kind))).add(nbytes, raw)
 
@@ -465,7 +466,7 @@ class PipelineRuntime:
         if payload is None:
             raise WireError(f"{link}: {what}: message {j} has no payload")
         try:
-            packet = Packet.from_bytes(payload)
+            packet = Packet.from_bytes(payload, owned=True)  # every received frame is fresh memory
             with _no_autocast(payload.device.type):
                 return self._bound(self.codecs.decoder(direction, cut, mb, j, packet.codec), mb).decode(packet)
         except PacketError as err:
