@@ -18,7 +18,10 @@ times one process's (the whole model in one Lightning process), next to the idea
 ``m / (m + K - 1)`` scaled by the split's balance (8 / (K x the largest stage)). And per
 cell the step time EPipe takes beyond torch's (``BATCH`` over each median rate), next to
 Lightning's own per-step cost on that width: one Lightning process on the whole model
-against the same model in a plain loop (``plain``: no Trainer), both per repetition.
+against the same model in a plain loop (``plain``: no Trainer, gradients zeroed after the
+forward as Lightning's closure does), both per repetition; the JSON also keeps the plain
+loop in torch's idiom (``plain_zero_first``: ``zero_grad`` first, the order of the torch
+pipelining loop), whose allocation pattern runs large widths slower in one process.
 
 ``--slow-link``: ``none``, ``sortquant`` 8 bits and ``lloydmax`` 4 bits; client-server, 2
 processes, width 1024, chunks 8, both ranks in a network
@@ -82,10 +85,11 @@ def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
     singles: dict[tuple[str, int], list[float]] = {}  # (kind, width) -> samples/s per repetition
     for rep in range(repeats):
         for width in sorted({c["width"] for c in grid}):
-            for kind in ("single", "plain"):
-                one = run({**base(dict(stages=2, width=width, chunks=1), steps), "kind": kind, "devices": 1})
+            for label, kind, extra in (("single", "single", {}), ("plain", "plain", {}),
+                                       ("plain_zero_first", "plain", {"zero_grad": "first"})):
+                one = run({**base(dict(stages=2, width=width, chunks=1), steps), "kind": kind, "devices": 1, **extra})
                 if one.get(RATE):
-                    singles.setdefault((kind, width), []).append(one[RATE])
+                    singles.setdefault((label, width), []).append(one[RATE])
         for row in rows:
             cfg = base(row, steps)
             mine = run({**cfg, "kind": "epipe", "strategy": {"schedule": row["schedule"], "verify_checksum": row["checksum"]}})
@@ -102,6 +106,7 @@ def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
     for row in rows:
         row["single"] = singles.get(("single", row["width"]), [])
         row["plain"] = singles.get(("plain", row["width"]), [])
+        row["plain_zero_first"] = singles.get(("plain_zero_first", row["width"]), [])
     return rows
 
 

@@ -258,16 +258,25 @@ def run_pipelining(cfg: dict) -> dict | None:
 
 def run_plain(cfg: dict) -> dict:
     """The whole model in one process in a plain loop (no Lightning): what ``single`` costs minus
-    Lightning's per-step work. Same data slices, loss and optimizer as ``StackRegressor``."""
+    Lightning's per-step work. Same data slices, loss and optimizer as ``StackRegressor``, and
+    Lightning's order: forward, ``zero_grad``, backward, step (its closure zeroes the gradients
+    after the forward). ``cfg["zero_grad"] == "first"``: torch's idiom instead, ``zero_grad``
+    before the forward, as the pipelining loop above does it; the allocator then frees the
+    gradients before the forward allocates its activations, and the backward allocates them
+    anew (at width 2048 that order runs slower: the grid records both)."""
     layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
     opt = torch.optim.SGD(layers.parameters(), lr=1e-3)
-    batch = cfg["batch"]
+    batch, zero_first = cfg["batch"], cfg.get("zero_grad", "after_forward") == "first"
     x_all, y_all = make_data(shape, batch * cfg["steps"]).tensors
     times = []
     for step in range(cfg["steps"]):
         x, y = x_all[step * batch:(step + 1) * batch], y_all[step * batch:(step + 1) * batch]
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(layers(x), y).backward()
+        if zero_first:
+            opt.zero_grad()
+        out = layers(x)
+        if not zero_first:
+            opt.zero_grad()
+        torch.nn.functional.mse_loss(out, y).backward()
         opt.step()
         times.append(time.perf_counter())
     return rates(times, cfg["warmup"], batch)
