@@ -32,11 +32,11 @@ from .bitpack import pack_into, packed_nbytes, unpack_host, unpack_range
 from .cache_blocks import cache_blocks
 from .exact import MAX_ENTRIES, exact_bytes, exact_nbytes, parse_exact
 from .host import on_host
-from .packet import Packet
+from .packet import Packet, host_bytes
 from .sampling import strided_sample
 
 __all__ = ["Levels", "levels_nbytes", "levels_head", "new_payload", "write_codes",
-           "read_levels", "lookup", "cast_levels", "host_bytes",
+           "read_levels", "lookup", "cast_levels",
            "f32", "F32_OVERFLOW", "work_dtype", "host_work",
            "strided_sample"]
 
@@ -78,13 +78,6 @@ def work_dtype(dtype: torch.dtype) -> torch.dtype:
 def host_work(value: float | np.ndarray, dtype: torch.dtype) -> np.ndarray:
     """``value`` in the numpy dtype that ``work_dtype(dtype)`` computes in."""
     return np.asarray(value, dtype=np.float64 if dtype == torch.float64 else np.float32)
-
-
-def host_bytes(payload: torch.Tensor, nbytes: int) -> np.ndarray:
-    """The first ``nbytes`` of a uint8 payload on the host: a view on CPU, a copy else."""
-    if payload.device.type == "cpu":
-        return payload.numpy()[:nbytes]
-    return payload[:nbytes].cpu().numpy()
 
 
 def cast_levels(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:

@@ -86,9 +86,9 @@ from .bitpack import pack_into, packed_nbytes, unpack_host, unpack_range
 from .cache_blocks import cache_blocks
 from .grid import GRID, Grid, grid_size
 from .host import host_array, host_payload, on_host
-from .levels import F32_OVERFLOW, host_bytes
+from .levels import F32_OVERFLOW
 from .sampling import fit_sample_size, strided_sample
-from .packet import Packet, bytes_as
+from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
 
 __all__ = ["LloydMax", "Grid", "fit_levels", "cell_codes", "lloydmax_nbytes", "GRID", "SAMPLE",

@@ -21,9 +21,11 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-__all__ = ["Packet", "PacketError", "header_nbytes", "DTYPE_CODES", "MAX_NDIM", "KNOWN_CODEC_IDS"]
+__all__ = ["Packet", "PacketError", "header_nbytes", "bytes_as", "host_bytes", "DTYPE_CODES", "MAX_NDIM",
+           "KNOWN_CODEC_IDS"]
 
 MAGIC = b"EP"
 #: 2: levels payloads (quantize, sortquant, topk's values) carry an exact-value table.
@@ -77,6 +79,13 @@ def bytes_as(segment: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if segment.storage_offset() % itemsize:
         segment = segment.clone()
     return segment.view(dtype)
+
+
+def host_bytes(payload: torch.Tensor, nbytes: int) -> np.ndarray:
+    """The first ``nbytes`` of a uint8 payload on the host: a view on CPU, a copy else."""
+    if payload.device.type == "cpu":
+        return payload.numpy()[:nbytes]
+    return payload[:nbytes].cpu().numpy()
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,8 +156,8 @@ class Packet:
         if buf.numel() < _FIXED.size:
             raise PacketError(f"packet of {buf.numel()} bytes is shorter than the "
                               f"{_FIXED.size}-byte fixed header")
-        fixed = bytes(buf[:_FIXED.size].cpu().tolist())
-        magic, version, codec, dtype_code, ndim, reserved, payload_nbytes = _FIXED.unpack(fixed)
+        magic, version, codec, dtype_code, ndim, reserved, payload_nbytes = _FIXED.unpack(
+            host_bytes(buf, _FIXED.size).tobytes())
         if magic != MAGIC:
             raise PacketError(f"bad magic {magic!r}, expected {MAGIC!r}: not a packet")
         if version != VERSION:
@@ -165,7 +174,7 @@ class Packet:
         if buf.numel() != head + payload_nbytes:
             raise PacketError(f"packet has {buf.numel()} bytes, header says {head} + "
                               f"{payload_nbytes} payload = {head + payload_nbytes}")
-        dims = struct.unpack(f"<{ndim}q", bytes(buf[_FIXED.size:head].cpu().tolist()))
+        dims = struct.unpack(f"<{ndim}q", host_bytes(buf, head)[_FIXED.size:].tobytes())
         if any(d < 0 for d in dims):
             raise PacketError(f"negative dimension in shape {list(dims)}")
         return cls(codec, _DTYPES[dtype_code], torch.Size(dims), buf[head:], owned)
