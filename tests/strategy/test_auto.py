@@ -19,7 +19,7 @@ SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 def test_every_link_gets_a_codec_within_budget_and_training_goes_on(tmp_path):
     out = tmp_path / "r.pt"
     _, log = run_ranks(SCRIPT, "--out", out, "--steps", 8, "--compressor", "auto",
-                       "--compressor-kwargs", json.dumps({"retune_every": 3, "min_bytes": 1024}), timeout=240)
+                       "--compressor-kwargs", json.dumps({"retune_every": 3, "min_bytes": 1024, "min_frames": 1}), timeout=240)
     got = torch.load(out, weights_only=False)
     assert sorted(got["auto"]) == sorted(f"{d}/cut{c}" for d in ("activation", "gradient") for c in range(3))
     # step 1's frames all follow a resize notice (first sizes), so step 2 is the first decided on
@@ -29,7 +29,7 @@ def test_every_link_gets_a_codec_within_budget_and_training_goes_on(tmp_path):
 
 def test_decisions_come_from_the_trainings_own_traffic(tmp_path):
     out = tmp_path / "r.pt"
-    kwargs = {"retune_every": 3, "min_bytes": 1024, "window_bytes": 1 << 16}
+    kwargs = {"retune_every": 3, "min_bytes": 1024, "min_frames": 1, "window_bytes": 1 << 16}
     _, log = run_ranks(SCRIPT, "--out", out, "--steps", 5, "--compressor", "auto",
                        "--compressor-kwargs", json.dumps(kwargs), timeout=240)
     got = torch.load(out, weights_only=False)
@@ -55,7 +55,7 @@ def test_links_that_carried_too_little_stay_uncompressed(tmp_path):
 def test_zero_error_budget_picks_lossless_codecs_and_stays_exact(tmp_path):
     out = tmp_path / "r.pt"
     run_ranks(SCRIPT, "--out", out, "--steps", 6, "--compressor", "auto",
-              "--compressor-kwargs", json.dumps({"error_budget": 0.0, "retune_every": 2, "min_bytes": 1024}), timeout=240)
+              "--compressor-kwargs", json.dumps({"error_budget": 0.0, "retune_every": 2, "min_bytes": 1024, "min_frames": 1}), timeout=240)
     got = torch.load(out, weights_only=False)
     assert set(got["auto"].values()) == {"none"}
     ref = reference(steps=6, batch_size=16)
@@ -64,7 +64,7 @@ def test_zero_error_budget_picks_lossless_codecs_and_stays_exact(tmp_path):
 
 @pytest.mark.slow
 def test_a_resumed_run_starts_with_the_checkpoints_choices(tmp_path):
-    kwargs = json.dumps({"min_bytes": 1024, "retune_every": 1000, "tolerance": 1e9})  # no change after resume
+    kwargs = json.dumps({"min_bytes": 1024, "min_frames": 1, "retune_every": 1000, "tolerance": 1e9})  # no change after resume
     common = ["--compressor", "auto", "--compressor-kwargs", kwargs, "--epochs", 4, "--timeout", 60]
     run_ranks(SCRIPT, "--out", tmp_path / "full.pt", "--ckpt-dir", tmp_path / "ckpt", *common, timeout=240)
     state = torch.load(tmp_path / "ckpt" / "epoch=1.ckpt", weights_only=False)["epipe"]["auto"]

@@ -15,7 +15,8 @@ import torch
 from lightning_epipe.compressors import profile as codec_profile
 from lightning_epipe.strategy import plan_pipeline
 from lightning_epipe.strategy.compression.codec_book import CodecBook, resolve_specs
-from lightning_epipe.strategy.comm.linkrate import Transfer, TransferWindow
+from lightning_epipe.strategy.comm.linkrate import Arrivals, Transfer, TransferWindow
+from lightning_epipe.strategy.compression.auto_choice import choices_to_json
 from lightning_epipe.strategy.compression.auto_tuner import AutoTuner, hidden_seconds, messages_per_microbatch
 
 PLAN = plan_pipeline(4, 2, [1, 2, 1])  # stage ranks (0, 1, 0): rank 0 sends activation/cut0 and gradient/cut1 to rank 1
@@ -50,28 +51,35 @@ def window(bandwidth: float, nbytes: int = 4 * MB, queued: bool = True) -> Trans
 
 
 class World:
-    """Rank 0 of two: rank 1's reports and choices are canned; a probe would be recorded."""
+    """Rank 0 of two: rank 1's reports and choices are canned (by default rank 1 waited for every
+    frame from rank 0: the link, not rank 1, set the pace); a probe would be recorded; rank 0's
+    reports are kept."""
 
-    def __init__(self) -> None:
-        self.peer_report = {"rates": {}, "compute_s": 0.0, "microbatches": 0}
+    def __init__(self, ready: int = 0, total: int = 16) -> None:
+        self.peer_report = {"rates": {}, "compute_s": 0.0, "microbatches": 0,
+                            "arrivals": {f"{d}/0": {"ready": ready, "total": total} for d in ("activation", "gradient")}}
         self.probes: list[tuple[int, int]] = []
+        self.reports: list[dict] = []
+        self.peer_choices: list = []  # LinkChoices rank 1 announces at every check
         self._calls = 0
 
     def broadcast_json(self, value, device, src):
         self._calls += 1
         if src == 0:
+            if self._calls % 4 == 1:
+                self.reports.append(value)
             return json.loads(json.dumps(value, allow_nan=False))  # what crosses the wire is strict JSON
-        return self.peer_report if self._calls % 4 == 2 else []  # report, then (no) choices
+        return self.peer_report if self._calls % 4 == 2 else choices_to_json(self.peer_choices)  # report, then choices
 
     def probe(self, src, dst, nbytes, rank, device):
         self.probes.append((src, dst))
         return 1e12 if rank == src else None
 
-    def check(self, tuner, step, codecs, rates=None, compute=(0.0, 0)):
+    def check(self, tuner, step, codecs, rates=None, compute=(0.0, 0), arrivals=None):
         samples = {("activation", 0): torch.randn(64, 256), ("gradient", 1): torch.randn(64, 256)}
         with mock.patch("lightning_epipe.strategy.compression.auto_tuner.broadcast_json", self.broadcast_json), \
                 mock.patch("lightning_epipe.strategy.comm.collectives.probe_bandwidth", self.probe):
-            return tuner.maybe_retune(step, PLAN, 0, codecs, samples, CPU, 0, rates or {}, compute)
+            return tuner.maybe_retune(step, PLAN, 0, codecs, samples, CPU, 0, rates or {}, compute, arrivals)
 
 
 def test_measured_traffic_decides_without_a_probe():
@@ -116,6 +124,47 @@ def test_uncompressed_traffic_that_never_queued_stays_uncompressed():
     assert all("did not queue" in c.reason and c.bandwidth == pytest.approx(0.01 * MB) for c in made)
     made = world.check(tuner, 2, codecs, {1: window(0.004 * MB)})  # now queued, and slower: a real slow link
     assert {c.label for c in made} == {"quantize(bits=8)"} and not any("did not queue" in c.reason for c in made)
+
+
+def test_a_link_whose_frames_were_at_the_receiver_in_time_stays_uncompressed():
+    """On gloo a fast link between busy stages reads slow and queued from the sender: every send
+    waits for the receiver. The receiver found most frames there before it needed them: keep none."""
+    world, tuner, codecs = World(ready=6, total=16), AutoTuner(candidates=CANDIDATES), book()
+    made = world.check(tuner, 1, codecs, {1: window(1 * MB)})  # 1 MB/s sustained, as the sender sees it
+    assert {c.label for c in made} == {"none"}
+    assert all("6 of 16 frames were at the receiver before it needed them: the link keeps pace" in c.reason
+               for c in made)
+    slow = World(ready=4, total=16)  # 25%: the link set the pace
+    made = slow.check(AutoTuner(candidates=CANDIDATES), 1, book(), {1: window(1 * MB)})
+    assert {c.label for c in made} == {"quantize(bits=8)"} and all("4 of 16 frames" in c.reason for c in made)
+
+
+def test_a_link_waits_uncompressed_until_its_receiver_counted_enough_frames():
+    world, tuner, codecs = World(ready=0, total=15), AutoTuner(candidates=CANDIDATES), book()
+    assert world.check(tuner, 1, codecs, {1: window(1 * MB)}) == [] and codecs.specs["activation"][0].name == "none"
+    world.peer_report["arrivals"] = {f"{d}/0": {"ready": 0, "total": 16} for d in ("activation", "gradient")}
+    assert {c.label for c in world.check(tuner, 2, codecs, {1: window(1 * MB)})} == {"quantize(bits=8)"}
+    assert {c.label for c in World(total=2).check(AutoTuner(candidates=CANDIDATES, min_frames=2), 1, book(),
+                                                       {1: window(1 * MB)})} == {"quantize(bits=8)"}
+
+
+def test_reported_arrivals_leave_out_the_first_step_and_restart_when_a_codec_changes():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    first = {("activation", 1): Arrivals(1, 8), ("gradient", 1): Arrivals(0, 8)}  # what rank 0 received from rank 1
+    world.check(tuner, 1, codecs, {}, arrivals=first)
+    assert world.reports[-1]["arrivals"] == {"activation/1": {"ready": 0, "total": 0}, "gradient/1": {"ready": 0, "total": 0}}
+    later = {("activation", 1): Arrivals(9, 24), ("gradient", 1): Arrivals(4, 24)}
+    world.check(tuner, 2, codecs, {}, arrivals=later)
+    assert world.reports[-1]["arrivals"] == {"activation/1": {"ready": 8, "total": 16}, "gradient/1": {"ready": 4, "total": 16}}
+    # rank 1 switches its link activation/cut1 (1 -> 0) at step 4: rank 0 counts that link's frames afresh
+    choice = next(c for c in World().check(AutoTuner(candidates=CANDIDATES), 1, book(), {1: window(1 * MB)})
+                  if c.direction == "activation")
+    world.peer_choices = [dataclasses.replace(choice, cut=1)]
+    world.check(tuner, 4, codecs, {}, arrivals=later)
+    assert codecs.specs["activation"][1].name == "quantize"
+    world.peer_choices = []
+    world.check(tuner, 8, codecs, {}, arrivals={("activation", 1): Arrivals(10, 26), ("gradient", 1): Arrivals(5, 26)})
+    assert world.reports[-1]["arrivals"] == {"activation/1": {"ready": 1, "total": 2}, "gradient/1": {"ready": 5, "total": 18}}
 
 
 def test_compute_hides_a_slow_transfer():

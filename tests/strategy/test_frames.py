@@ -6,6 +6,7 @@ when it stays smaller; every payload arrives intact."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
 from lightning_epipe.strategy.comm.transport import Transport, frame_capacity
-from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Header, Kind
+from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Command, Header, Kind
 
 
 def _exchange(sizes: list[int]) -> tuple[list[int], list[int]]:
@@ -75,3 +76,25 @@ def test_a_prefix_leads_the_payload_in_one_frame_under_one_checksum():
         ends[0].flush()
     frames = [n for rank, op, _peer, _group, n in fabric.log if rank == 0 and op == "send"]
     assert frames == [HEADER_NBYTES, HEADER_NBYTES + 224, HEADER_NBYTES + 224]
+
+
+def test_the_receiver_counts_which_frames_had_landed_before_it_came_to_them():
+    """What auto tells a slow link from a busy receiver by: a frame sent before its receiver got
+    to it counts as in time; one the receiver had to wait for does not; commands are not counted."""
+    fabric = MemoryFabric(2, rule="gloo")
+    ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=fabric.backend(r)) for r in (0, 1)]
+    payload = torch.zeros(64, dtype=torch.uint8)
+
+    def send(mb: int) -> None:
+        ends[0].send(1, Header.data(Kind.ACTIVATION, 1, mb, 2, 0, 1), payload)
+
+    send(0)  # sent before the receiver looks: in time
+    ends[1].recv(0, "mb 0", kind=Kind.ACTIVATION, step=1, microbatch=0)
+    late = threading.Timer(0.05, send, args=(1,))  # sent while the receiver waits for it: late
+    late.start()
+    ends[1].recv(0, "mb 1", kind=Kind.ACTIVATION, step=1, microbatch=1)
+    late.join()
+    ends[0].send(1, Header.command(Command.FINISH_STEP, 1), None)
+    ends[1].recv(0, "command", kind=Kind.CONTROL)
+    assert {key: (a.ready, a.total) for key, a in ends[1].arrivals.items()} == {("activation", 0): (1, 2)}
+    assert ends[0].arrivals == {}

@@ -5,11 +5,16 @@ short probe: on a token-bucket link (``tc ... tbf rate 20mbit burst 1mbit``) a p
 fits in the burst, or in the sockets' buffers, measures the burst, not the rate.
 
 What the sender knows of each message (:class:`Transfer`): when it posted the send, when it
-*saw* the send complete (the transport polls its pending sends before every send and around
-every receive, so a completion is seen at most one micro-batch's compute late), its bytes,
-and whether the message was *queued*: a later message to the same peer was posted while
-this one was still in flight. That last fact is exact (the poll just before each post sees
-every send completed by then), and it separates the two regimes:
+*saw* the send complete, its bytes, and whether the message was *queued*: a later message to
+the same peer was posted while this one was still in flight. Where a backend reports
+completions as they happen (NCCL, the in-memory fabric of the tests) the transport polls its
+pending sends before every send and around every receive, so a completion is seen at most one
+micro-batch's compute late and the queued flag is exact; gloo reports a send complete only
+once it is waited on, so there every completion is seen at the flush that ends the step and
+every message counts as queued (the window then measures how long the step's traffic took to
+drain: the link's rate where the link is the bottleneck, the pace of the messages where it is
+not; the receiver's :class:`Arrivals` tell the two apart). The queued flag separates two regimes:
+it separates the two regimes:
 
 - **saturated** (most messages queued): the link is the bottleneck and is busy from the
   first post of a busy stretch to its last completion, so
@@ -52,8 +57,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["Transfer", "LinkRate", "TransferWindow", "busy_seconds", "estimate_rate",
-           "WINDOW_BYTES", "MIN_BYTES", "SATURATED"]
+__all__ = ["Transfer", "LinkRate", "TransferWindow", "Arrivals", "busy_seconds", "estimate_rate",
+           "WINDOW_BYTES", "MIN_BYTES", "MIN_FRAMES", "SATURATED", "KEEPS_PACE"]
 
 #: Bytes of the latest transfers a window keeps (16 MiB: many times a ``tbf`` burst of a
 #: few Mbit and Linux's default TCP socket buffers of a few MiB).
@@ -62,6 +67,14 @@ WINDOW_BYTES = 16 << 20
 MIN_BYTES = 2 << 20
 #: Share of the window's messages that must be queued for the link to count as saturated.
 SATURATED = 0.5
+#: Share of a link's frames that must have landed before their receiver came to them for the
+#: link to count as keeping pace (:class:`Arrivals`). Measured on the 1024-wide MLP, client-server,
+#: chunks 8, 24 frames per link (benchmarks/slow_link_auto.py): 0.46-0.92 on unlimited, 1000 and
+#: 500 Mbit/s loopbacks, where uncompressed ran as fast as any codec; 0-0.17 at 100 Mbit/s, where
+#: it ran at 0.4x of 8-bit codes.
+KEEPS_PACE = 0.3
+#: Frames a link's receiver must have counted before it is judged (two steps of 8 micro-batches).
+MIN_FRAMES = 16
 
 
 @dataclass(frozen=True)
@@ -193,3 +206,48 @@ class TransferWindow:
     def clear(self) -> None:
         self._transfers.clear()
         self._nbytes = 0
+
+
+@dataclass
+class Arrivals:
+    """What a receiver saw of one link's data frames: how many it received (``total``) and how
+    many had already landed when it came to them (``ready``: its wait found them complete).
+
+    The sender's view cannot tell a slow link from a busy receiver: gloo delivers a frame only
+    into a posted receive, and a receiver posts the next one when it has read the last, so on
+    a fast link between two busy stages every send waits for the receiver and the link's
+    measured rate is the receiver's pace. The receiver's view settles it: frames that were
+    there before they were needed cost the pipeline no time, whatever the link's rate, and a
+    codec there can only add its own. Under GPipe a stage's first micro-batch of each phase
+    waits for the stage before it to compute, not for the link, so even an infinitely fast link
+    shows some frames not ready; :data:`KEEPS_PACE` is the share that counts as keeping pace.
+
+        >>> a = Arrivals()
+        >>> for ready in (False, True, True, True):
+        ...     a.add(ready)
+        >>> a.ready, a.total, a.keeps_pace(min_frames=4)
+        (3, 4, True)
+        >>> (a - Arrivals(3, 3)).keeps_pace(min_frames=1)  # since a mark: 0 of 1 ready
+        False
+    """
+
+    ready: int = 0
+    total: int = 0
+
+    def add(self, ready: bool) -> None:
+        self.ready += bool(ready)
+        self.total += 1
+
+    def __sub__(self, other: "Arrivals") -> "Arrivals":
+        return Arrivals(self.ready - other.ready, self.total - other.total)
+
+    def keeps_pace(self, min_frames: int = MIN_FRAMES, share: float = KEEPS_PACE) -> bool:
+        """At least ``min_frames`` frames, and at least ``share`` of them ready when needed."""
+        return self.total >= min_frames and self.ready >= share * self.total
+
+    def to_json(self) -> dict[str, int]:
+        return {"ready": self.ready, "total": self.total}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Arrivals":
+        return cls(int(data["ready"]), int(data["total"]))

@@ -28,8 +28,11 @@ on accelerator links the header says 0 and NCCL's own integrity checks stand.
 Link rates: every data frame's send is timed from its post to its completion, as the
 sender sees it (pending sends are polled before every send and around every receive), and
 kept per peer in a :class:`~lightning_epipe.strategy.comm.linkrate.TransferWindow` (``rates``),
-marked *queued* when the next frame to that peer was posted before it completed: what
-``compressor="auto"`` decides from. A frame announced by a ``RESIZE`` notice is left out:
+marked *queued* when the next frame to that peer was posted before it completed; and every
+data frame received is counted per stream and peer in ``arrivals``, with whether it had
+landed before the receiver came to wait for it (its wait returned within ``ARRIVED_S``: gloo's
+``is_completed()`` stays False until a work is waited on) (:class:`~lightning_epipe.strategy.comm.linkrate.Arrivals`):
+what ``compressor="auto"`` decides from. A frame announced by a ``RESIZE`` notice is left out:
 its receive is posted only when the receiver reads the notice, so its time is mostly the
 receiver's (every frame of the first step, and of the step after a codec changes size).
 
@@ -51,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, Transfer, TransferWindow
+from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, Arrivals, Transfer, TransferWindow
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.comm.streams import CONTROL, stream_name
 from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
@@ -59,6 +62,9 @@ from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Flag, Header, Kind
 __all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND", "frame_capacity"]
 
 Key = tuple[int, int, int]  # (kind, micro-batch, tensor index)
+
+#: A receive whose wait returns within this many seconds had landed before it was needed.
+ARRIVED_S = 100e-6
 
 
 class PeerError(RuntimeError):
@@ -196,6 +202,7 @@ class Transport:
         self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
         self._pending: list[_Sent] = []
         self.rates: dict[int, TransferWindow] = {}  # peer -> the latest data transfers to it
+        self.arrivals: dict[tuple[str, int], Arrivals] = {}  # (stream, peer) -> data frames received, how many in time
         self.rate_window_bytes = WINDOW_BYTES  # how much of them each window keeps
 
     def link(self, peer: int, outgoing: bool) -> str:
@@ -323,7 +330,9 @@ class Transport:
         elif posted.key != key:
             raise WireError(f"{link}: {what}: the {name} stream was posted for message {posted.key}, not {key}")
         self._poll_sends()  # completions seen sooner: the rates in ``rates`` are closer to the truth
-        self._wait(posted.work, peer, what, blocking=not idle)
+        waited = self._wait(posted.work, peer, what, blocking=not idle)
+        if name != CONTROL:  # gloo's is_completed() stays False until waited: a wait that returns at once tells
+            self.arrivals.setdefault((name, peer), Arrivals()).add(waited < ARRIVED_S)
         self._poll_sends()
         header = Header.read(posted.frame, link)
         header.expect(link, **expect)
@@ -346,8 +355,9 @@ class Transport:
             payload = payload.to(self.device, non_blocking=True)  # host-staged: onto the GPU, from pinned memory
         return Received(header, payload, nbytes)
 
-    def _wait(self, work: Any, peer: int, what: str, blocking: bool) -> None:
-        """Wait for ``work`` (bounded by the timeout); ``blocking`` time counts as pipeline wait."""
+    def _wait(self, work: Any, peer: int, what: str, blocking: bool) -> float:
+        """Wait for ``work`` (bounded by the timeout); the seconds it took. ``blocking`` time counts
+        as pipeline wait."""
         start = time.perf_counter()
         peer, me = self.offset + peer, self.offset + self.rank  # errors name global ranks
         try:
@@ -363,5 +373,7 @@ class Transport:
             else:
                 cause = f"the link to rank {peer} failed"
             raise PeerError(f"rank {me}: {cause} while waiting for {what}. ({text.splitlines()[0][:200]})") from err
+        waited = time.perf_counter() - start
         if blocking:
-            self.stats.wait_seconds += time.perf_counter() - start
+            self.stats.wait_seconds += waited
+        return waited

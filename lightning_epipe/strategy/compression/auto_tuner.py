@@ -7,7 +7,10 @@ then every ``retune_every`` steps:
 1. Every rank broadcasts (JSON) what it measured since the last check: per peer it sends
    to, the sustained rate of the training's own messages over the latest ``window_bytes``
    (:mod:`~lightning_epipe.strategy.comm.linkrate`: bytes / busy transfer time, or a lower
-   bound where the link was not saturated), and its compute seconds per micro-batch.
+   bound where the link was not saturated), per stream and peer it receives from, how many
+   uncompressed frames it counted and how many of them had landed before it came to them
+   (:class:`~lightning_epipe.strategy.comm.linkrate.Arrivals`, since the link's codec last
+   changed, the first step left out), and its compute seconds per micro-batch.
 2. A link (a cut and a direction) whose sender has not yet sent ``min_bytes`` to that peer
    waits, uncompressed, for a later check. There is no probe: a ping-pong of one message
    (:func:`~lightning_epipe.strategy.comm.collectives.probe_bandwidth`, which ``balance="time"`` uses) fits in a token bucket's
@@ -15,6 +18,11 @@ then every ``retune_every`` steps:
    gave 3 of 4 links ~90x their rate and auto lost to a fixed codec), while a few steps of
    uncompressed traffic measure the link with the most bytes it will ever carry, and cost
    only those few steps; the checks at steps 1, 2, 4, 8, ... decide as soon as it is enough.
+   An uncompressed link also waits until its receiver has counted ``min_frames`` frames;
+   if at least :data:`~lightning_epipe.strategy.comm.linkrate.KEEPS_PACE` of them were
+   there in time, the link keeps pace (on gloo the sender's rate cannot show it: a send
+   completes at the receiver's pace and is seen complete only at the end of the step) and
+   stays ``none``, as does one whose messages did not queue.
 3. Where the rate moved by more than ``tolerance`` since the link's decision (a lower
    bound only when it rose above that), the sender profiles every candidate codec on the
    last tensor it sent there (the runtime's ``samples``) and picks the fastest within the
@@ -54,7 +62,9 @@ from lightning_epipe.strategy.compression.auto_choice import (
 )
 from lightning_epipe.strategy.compression.codec_book import CodecBook
 from lightning_epipe.strategy.comm.collectives import broadcast_json
-from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, LinkRate, TransferWindow, estimate_rate
+from lightning_epipe.strategy.comm.linkrate import (
+    MIN_BYTES, MIN_FRAMES, WINDOW_BYTES, Arrivals, LinkRate, TransferWindow, estimate_rate,
+)
 from lightning_epipe.strategy.planning.partition import PipelinePlan
 
 __all__ = ["AutoTuner", "hidden_seconds", "messages_per_microbatch"]
@@ -101,7 +111,8 @@ class AutoTuner:
     """
 
     def __init__(self, error_budget: Optional[float] = None, retune_every: int = 100, tolerance: float = 0.5,
-                 candidates=DEFAULT_CANDIDATES, window_bytes: int = WINDOW_BYTES, min_bytes: int = MIN_BYTES) -> None:
+                 candidates=DEFAULT_CANDIDATES, window_bytes: int = WINDOW_BYTES, min_bytes: int = MIN_BYTES,
+                 min_frames: int = MIN_FRAMES) -> None:
         if error_budget is not None and (isinstance(error_budget, bool) or not isinstance(error_budget, (int, float))
                                          or error_budget < 0):
             raise ValueError(f"auto: error_budget must be a number >= 0 (relative L2 error), got {error_budget!r}")
@@ -112,16 +123,22 @@ class AutoTuner:
             raise ValueError(f"auto: tolerance must be a number >= 0 (a relative change of the link's rate, 0.5 = 50%),"
                              f" got {tolerance!r}")
         TransferWindow(window_bytes, min_bytes)  # validates both
+        if isinstance(min_frames, bool) or not isinstance(min_frames, int) or min_frames < 1:
+            raise ValueError(f"auto: min_frames must be a positive number of frames, got {min_frames!r}")
         self.error_budget = error_budget
         self.retune_every = retune_every
         self.tolerance = tolerance
         self.candidates = _check_candidates(candidates)
         self.window_bytes = window_bytes
         self.min_bytes = min_bytes
+        self.min_frames = min_frames
         self.choices: dict[tuple[int, str], LinkChoice] = {}   # every rank: the choice of every auto link
         self.history: list[tuple[int, LinkChoice]] = []         # every rank: (step, choice) as made
         self._last_step: Optional[int] = None
         self._compute_mark = (0.0, 0)                           # this rank's (compute s, micro-batches) at the last check
+        self._arrivals_now: dict[tuple[str, int], Arrivals] = {}  # this rank's arrivals per (stream, peer), at the last check
+        self._arrival_marks: dict[tuple[str, int], Arrivals] = {}  # ... when the link's codec last changed
+        self._first_check = True
 
     def due(self, step: int) -> bool:
         """Whether to check before training step ``step`` (global steps taken so far)."""
@@ -137,18 +154,21 @@ class AutoTuner:
 
     def maybe_retune(self, step: int, plan: PipelinePlan, rank: int, codecs: CodecBook, samples: dict[tuple[str, int], Tensor],
                      device: torch.device, offset: int = 0, rates: Optional[Mapping[int, TransferWindow]] = None,
-                     compute: tuple[float, int] = (0.0, 0)) -> list[LinkChoice]:
+                     compute: tuple[float, int] = (0.0, 0),
+                     arrivals: Optional[Mapping[tuple[str, int], Arrivals]] = None) -> list[LinkChoice]:
         """Collective over every rank: measure, decide and apply; the choices made now (may be empty).
 
         ``rank`` is the rank within the pipeline, ``offset`` the global rank of its client: with
         several replicas every replica applies replica 0's choices, made from replica 0's traffic.
         ``rates``: this rank's transfer windows per peer it sends to (``Transport.rates``);
-        ``compute``: this rank's compute seconds and micro-batches so far (cumulative).
+        ``compute``: this rank's compute seconds and micro-batches so far (cumulative);
+        ``arrivals``: this rank's data frames received per (stream, peer) so far, and how many
+        were there when it came to them (``Transport.arrivals``, cumulative).
         """
         if not self.due(step):
             return []
         self.mark(step)
-        reports = self._exchange(self._report(rates or {}, compute), plan, rank, offset, device)
+        reports = self._exchange(self._report(rates or {}, compute, arrivals or {}), plan, rank, offset, device)
         hidden_s = hidden_seconds(reports)
         mine = []
         for direction, cut in codecs.auto_links():
@@ -160,19 +180,29 @@ class AutoTuner:
             made += choices_from_json(broadcast_json(choices_to_json(mine) if src == offset + rank else None, device, src))
         for choice in made:
             self._apply(choice, codecs)
+            self._restart_arrivals(choice, plan, rank)
             self.history.append((step, choice))
         if made and offset + rank == 0:
             rank_zero_info(f"EPipeStrategy compressor='auto' at step {step}:\n{format_choices(made)}")
         return made
 
-    def _report(self, rates: Mapping[int, TransferWindow], compute: tuple[float, int]) -> dict[str, Any]:
-        """What this rank tells the others: its rate per peer and compute per micro-batch since the last check."""
+    def _report(self, rates: Mapping[int, TransferWindow], compute: tuple[float, int],
+                arrivals: Mapping[tuple[str, int], Arrivals]) -> dict[str, Any]:
+        """What this rank tells the others since the last check: its rate per peer it sends to,
+        its arrivals per stream and peer it receives from (``"activation/1"``), its compute per
+        micro-batch."""
         seconds, microbatches = compute
         before_s, before_mb = self._compute_mark
         self._compute_mark = (seconds, microbatches)
+        self._arrivals_now = {key: Arrivals(a.ready, a.total) for key, a in arrivals.items()}
+        if self._first_check:  # the first step's frames are announced by size notices and cold: not counted
+            self._first_check = False
+            self._arrival_marks = dict(self._arrivals_now)
+        since = {f"{name}/{peer}": (a - self._arrival_marks.get((name, peer), Arrivals())).to_json()
+                 for (name, peer), a in sorted(self._arrivals_now.items())}
         estimates = {str(peer): estimate_rate(window.transfers) for peer, window in sorted(rates.items())
                      if window.nbytes >= self.min_bytes}
-        return {"rates": {peer: r.to_json() for peer, r in estimates.items() if r is not None},
+        return {"rates": {peer: r.to_json() for peer, r in estimates.items() if r is not None}, "arrivals": since,
                 "compute_s": max(0.0, seconds - before_s), "microbatches": max(0, microbatches - before_mb)}
 
     @staticmethod
@@ -195,17 +225,40 @@ class AutoTuner:
         old = self.choices.get((cut, direction))
         if old is not None and not needs_retune(old.bandwidth, rate.bandwidth, self.tolerance, rate.lower_bound):
             return None
+        # Uncompressed traffic that left the link idle between messages, or whose frames were at
+        # the receiver before it needed them, already hides its transfers: a codec there can
+        # only add its own time (the sender's measured rate is then the pace of the messages or
+        # of the receiver, not the link's, so it cannot be compared with codecs).
+        arrived = Arrivals.from_json(reports[receiver].get("arrivals", {}).get(f"{direction}/{sender}",
+                                                                              {"ready": 0, "total": 0}))
+        uncompressed = old is None or old.name == "none"
+        idle = uncompressed and rate.lower_bound
+        if uncompressed and not idle and arrived.total < self.min_frames:
+            return None  # too few frames yet to tell a slow link from a busy receiver
+        in_time = uncompressed and not idle and arrived.keeps_pace(self.min_frames)
         budget = self.error_budget if self.error_budget is not None else default_error_budget(direction)
         profiles = profile_codecs(sample.detach(), self.candidates)
         nbytes = sample.numel() * sample.element_size()
         hidden_s /= messages_per_microbatch(plan, sender, receiver)
-        # Uncompressed traffic that left the link idle between messages already hides its
-        # transfers: a codec there can only add its own time (on a fast link the measured rate
-        # is the pace of the messages, not the link's, so it cannot be compared with codecs).
-        idle = rate.lower_bound and (old is None or old.name == "none")
-        choice = choose_codec(profiles, nbytes, math.inf if idle else rate.bandwidth, budget, cut, direction, hidden_s)
-        why = "; uncompressed messages did not queue, so no codec can shorten the transfers" if idle else ""
-        return dataclasses.replace(choice, bandwidth=rate.bandwidth, reason=f"{choice.reason}{why}; link rate: {rate.describe()}")
+        choice = choose_codec(profiles, nbytes, math.inf if idle or in_time else rate.bandwidth, budget, cut, direction,
+                              hidden_s)
+        if idle:
+            why = "uncompressed messages did not queue, so no codec can shorten the transfers"
+        else:
+            why = f"{arrived.ready} of {arrived.total} frames were at the receiver before it needed them"
+            if in_time:
+                why += ": the link keeps pace, so no codec can shorten the transfers"
+        return dataclasses.replace(choice, bandwidth=rate.bandwidth,
+                                   reason=f"{choice.reason}; {why}; link rate: {rate.describe()}")
+
+    def _restart_arrivals(self, choice: LinkChoice, plan: PipelinePlan, rank: int) -> None:
+        """On the receiver of ``choice``'s link: count its arrivals afresh (they were uncompressed)."""
+        sender, receiver = plan.cut_ranks(choice.cut)
+        if choice.direction == "gradient":
+            sender, receiver = receiver, sender
+        if rank == receiver:
+            key = (choice.direction, sender)
+            self._arrival_marks[key] = self._arrivals_now.get(key, Arrivals())
 
     def _apply(self, choice: LinkChoice, codecs: CodecBook) -> None:
         self.choices[(choice.cut, choice.direction)] = choice

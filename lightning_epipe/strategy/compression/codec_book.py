@@ -22,7 +22,7 @@ __all__ = ["CodecSpec", "CodecBook", "DeltaConfig", "resolve_specs", "AUTO_KEYS"
 
 SpecLike = Union[str, Compressor, Bottleneck]
 #: ``compressor_kwargs`` keys of ``compressor="auto"`` (not passed to any codec).
-AUTO_KEYS = ("error_budget", "retune_every", "tolerance", "window_bytes", "min_bytes")
+AUTO_KEYS = ("error_budget", "retune_every", "tolerance", "window_bytes", "min_bytes", "min_frames")
 _NOT_CODEC_KEYS = BOTTLENECK_KEYS + AUTO_KEYS
 
 

@@ -118,7 +118,8 @@ class RankSteps:
         decides together (a collective); ``offset``: the global rank of this pipeline's client."""
         runtime = self.runtime
         tuner.maybe_retune(step, runtime.plan, runtime.rank, runtime.codecs, runtime.samples, self.device, offset,
-                           runtime.transport.rates, (runtime.stats.busy_seconds, runtime.microbatches_run))
+                           runtime.transport.rates, (runtime.stats.busy_seconds, runtime.microbatches_run),
+                           runtime.transport.arrivals)
 
     def before_optimizer_step(self, optimizer: Any, optimizers: list[Any]) -> None:
         """Manual optimization on the client: every server steps ``optimizer`` (one of ``optimizers``,
