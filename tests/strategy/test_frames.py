@@ -98,3 +98,31 @@ def test_the_receiver_counts_which_frames_had_landed_before_it_came_to_them():
     ends[1].recv(0, "command", kind=Kind.CONTROL)
     assert {key: (a.ready, a.total) for key, a in ends[1].arrivals.items()} == {("activation", 0): (1, 2)}
     assert ends[0].arrivals == {}
+
+
+def test_restarted_frames_announce_a_new_codecs_size_with_a_bare_header():
+    """compressor="auto" switching a link's codec between steps: both ends forget the stream's
+    frame sizes, so the first smaller payload costs a header-sized notice, not a frame padded to
+    the old size and then a notice of that size."""
+    fabric = MemoryFabric(2, rule="nccl")
+    ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=fabric.backend(r)) for r in (0, 1)]
+
+    def exchange(step: int, size: int) -> None:
+        payload = torch.full((size,), step, dtype=torch.uint8)
+        ends[0].send(1, Header.data(Kind.ACTIVATION, step, 0, 1, 0, 1), payload)
+        got = ends[1].recv(0, "test", kind=Kind.ACTIVATION, step=step, microbatch=0)
+        assert torch.equal(got.payload, payload)
+        ends[0].flush()
+
+    exchange(1, 4000)
+    exchange(2, 4000)
+    for end in ends:
+        end.restart_frames("activation", 0, 1)
+    exchange(3, 1000)
+    exchange(4, 1000)
+    frames = [n for rank, op, _peer, _group, n in fabric.log if rank == 0 and op == "send"]
+    assert frames == [HEADER_NBYTES, HEADER_NBYTES + 4000, HEADER_NBYTES + 4000,
+                      HEADER_NBYTES, HEADER_NBYTES + 1000, HEADER_NBYTES + 1000]
+    ends[1].prepost(0, Kind.ACTIVATION)
+    with pytest.raises(RuntimeError, match="the activation stream has a receive posted"):
+        ends[1].restart_frames("activation", 0, 1)

@@ -257,6 +257,22 @@ class Transport:
         self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name), resized)
         return nbytes + (expected if resized else 0)
 
+    def restart_frames(self, stream: str, src: int, dst: int) -> None:
+        """Forget the frame sizes of ``stream`` from pipeline rank ``src`` to ``dst`` (this rank is
+        one of them): its next message starts from a bare header, as on the first step.
+
+        Both ends call it at the same point of the stream, between two steps (``compressor="auto"``
+        switching that link's codec): the new codec's first frames then cost a header-sized size
+        notice each, instead of a frame padded to the old codec's size and then a notice of that
+        size. Raises RuntimeError if a receive on that stream is posted (its size is committed).
+        """
+        if (stream, src) in self._posted and dst == self.rank:
+            raise RuntimeError(f"{self.link(src, outgoing=False)}: the {stream} stream has a receive posted; "
+                               "restart its frames between steps")
+        for slot in [slot for slot in self._frame_sizes if slot[:3] == (stream, src, dst)]:
+            del self._frame_sizes[slot]
+            self._short.discard(slot)
+
     def _frame(self, nbytes: int, device: torch.device) -> Tensor:
         """A frame buffer: pinned host memory when it stages a GPU's tensors."""
         return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=self.host_staged and device.type == "cpu")

@@ -214,9 +214,7 @@ class AutoTuner:
     def _decide(self, direction: str, cut: int, plan: PipelinePlan, rank: int, samples: dict[tuple[str, int], Tensor],
                 reports: dict[int, dict[str, Any]], hidden_s: float) -> Optional[LinkChoice]:
         """The sender's choice for one link, or None (not the sender, too little traffic yet, no drift)."""
-        sender, receiver = plan.cut_ranks(cut)
-        if direction == "gradient":
-            sender, receiver = receiver, sender
+        sender, receiver = plan.cut_ranks(cut, direction)
         sample = samples.get((direction, cut))
         raw = reports[sender]["rates"].get(str(receiver))
         if rank != sender or sample is None or raw is None:
@@ -253,9 +251,7 @@ class AutoTuner:
 
     def _restart_arrivals(self, choice: LinkChoice, plan: PipelinePlan, rank: int) -> None:
         """On the receiver of ``choice``'s link: count its arrivals afresh (they were uncompressed)."""
-        sender, receiver = plan.cut_ranks(choice.cut)
-        if choice.direction == "gradient":
-            sender, receiver = receiver, sender
+        sender, receiver = plan.cut_ranks(choice.cut, choice.direction)
         if rank == receiver:
             key = (choice.direction, sender)
             self._arrival_marks[key] = self._arrivals_now.get(key, Arrivals())

@@ -117,9 +117,13 @@ class RankSteps:
         """``compressor="auto"`` at the start of training step ``step``: every rank measures and
         decides together (a collective); ``offset``: the global rank of this pipeline's client."""
         runtime = self.runtime
-        tuner.maybe_retune(step, runtime.plan, runtime.rank, runtime.codecs, runtime.samples, self.device, offset,
-                           runtime.transport.rates, (runtime.stats.busy_seconds, runtime.microbatches_run),
-                           runtime.transport.arrivals)
+        made = tuner.maybe_retune(step, runtime.plan, runtime.rank, runtime.codecs, runtime.samples, self.device, offset,
+                                  runtime.transport.rates, (runtime.stats.busy_seconds, runtime.microbatches_run),
+                                  runtime.transport.arrivals)
+        for choice in made:  # a new codec's frames start afresh on both ends of its link
+            src, dst = runtime.plan.cut_ranks(choice.cut, choice.direction)
+            if runtime.rank in (src, dst):
+                runtime.transport.restart_frames(choice.direction, src, dst)
 
     def before_optimizer_step(self, optimizer: Any, optimizers: list[Any]) -> None:
         """Manual optimization on the client: every server steps ``optimizer`` (one of ``optimizers``,

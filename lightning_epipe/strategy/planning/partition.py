@@ -80,9 +80,11 @@ class PipelinePlan:
     def num_cuts(self) -> int:
         return self.num_stages - 1
 
-    def cut_ranks(self, cut: int) -> tuple[int, int]:
-        """``(sender, receiver)`` of the activations crossing cut ``cut`` (between stage cut and cut+1)."""
-        return self.stage_ranks[cut], self.stage_ranks[cut + 1]
+    def cut_ranks(self, cut: int, direction: str = "activation") -> tuple[int, int]:
+        """``(sender, receiver)`` of the activations crossing cut ``cut`` (between stage cut and cut+1),
+        or of its gradients (``direction="gradient"``: the other way)."""
+        sender, receiver = self.stage_ranks[cut], self.stage_ranks[cut + 1]
+        return (receiver, sender) if direction == "gradient" else (sender, receiver)
 
 
 def stage_ranks_for(placement: str, num_ranks: int) -> tuple[int, ...]:
