@@ -15,7 +15,8 @@ smaller, a codec that changed) is announced by a notice of the remembered size w
 ``RESIZE`` flag and the new frame's payload capacity, then sent on the same stream; the
 receiver posts the next frame of a stream only after it has read the one before, so a
 notice is never mistaken for a frame. A notice costs a whole frame
-of the old size on the wire, which is why a payload that grew gets 1/64 of headroom.
+of the old size on the wire, which is why a payload that grew gets 1/64 of headroom, and why
+a codec switch restarts the stream's sizes on both ends (:meth:`Transport.restart_frames`).
 
 Copies: a sender writes a packet's header and payload straight into the frame (``prefix``),
 one copy of the encoded tensor; every receive lands in a frame of its own that is never
