@@ -21,6 +21,7 @@ Shape legend: N elements, K = 2**split buckets, E exact entries.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -159,29 +160,53 @@ def write_codes(flat: torch.Tensor, bits: int, code_of: Callable[[torch.Tensor],
 
 
 def read_levels(codec: Compressor, packet: Packet) -> Levels:
-    """Parse and check a levels payload against the packet's shape."""
+    """Parse and check a levels payload against the packet's shape (what failed is worded only
+    when a check fails, and small tables are checked as Python numbers: this runs once per
+    received message)."""
     payload, numel = packet.payload, packet.shape.numel()
-    codec.expect_packet(packet, payload.numel() >= _PREFIX, f"shorter than the {_PREFIX}-byte prefix")
-    bits, split, entries, pad = host_bytes(payload, _PREFIX).tolist()
-    codec.expect_packet(packet, 2 <= bits <= 16 and 0 <= split < bits and pad == 0,
-                  f"prefix says bits={bits} split={split} (pad {pad}); expected "
-                  "bits in 2..16, split in 0..bits-1, zero padding")
+    size = payload.numel()
+    if size < _PREFIX:
+        codec.expect_packet(packet, False, f"shorter than the {_PREFIX}-byte prefix")
+    host = payload.numpy() if payload.device.type == "cpu" else None  # one view serves every read below
+    bits, split, entries, pad = (host[:_PREFIX] if host is not None else host_bytes(payload, _PREFIX)).tolist()
+    if not (2 <= bits <= 16 and 0 <= split < bits and pad == 0):
+        codec.expect_packet(packet, False, f"prefix says bits={bits} split={split} (pad {pad}); expected "
+                            "bits in 2..16, split in 0..bits-1, zero padding")
     expected = levels_nbytes(numel, bits, split, entries)
-    codec.expect_packet(packet, payload.numel() == expected,
-                  f"{numel} codes of {bits} bits with split {split} and {entries} exact "
-                  f"values take {expected} payload bytes")
+    if size != expected:
+        codec.expect_packet(packet, False, f"{numel} codes of {bits} bits with split {split} and {entries} exact "
+                            f"values take {expected} payload bytes")
     k = 1 << split
     head = _PREFIX + 8 * k + exact_nbytes(entries)
-    raw = host_bytes(payload, head)[_PREFIX:]
-    lo = raw[:4 * k].view("<f4")
-    step = raw[4 * k:8 * k].view("<f4")
+    raw = (host[:head] if host is not None else host_bytes(payload, head))[_PREFIX:]
+    tables = raw[:8 * k].view("<f4")
     codes, values = parse_exact(raw[8 * k:], entries)
-    codec.expect_packet(packet, bool(np.isfinite(raw[:8 * k].view("<f4")).all()
-                               and (step >= 0).all()),
-                  "bucket tables hold a non-finite value or a negative step")
-    codec.expect_packet(packet, bool(np.isfinite(values).all() and (codes < (1 << bits)).all()),
-                  f"the exact table holds a non-finite value or a code past {(1 << bits) - 1}")
-    return Levels(bits, split, lo, step, codes, values, payload[head:])
+    if not _tables_ok(tables, k) or not _exact_ok(codes, values, bits):
+        what = ("bucket tables hold a non-finite value or a negative step" if not _tables_ok(tables, k) else
+                f"the exact table holds a non-finite value or a code past {(1 << bits) - 1}")
+        codec.expect_packet(packet, False, what)
+    return Levels(bits, split, tables[:k], tables[k:], codes, values, payload[head:])
+
+
+#: Table entries up to which checks run on Python numbers (a numpy reduction costs more there).
+_SMALL_TABLE = 32
+
+
+def _tables_ok(tables: np.ndarray, k: int) -> bool:
+    """tables: [2 K] float32 (lo, then step): all finite, every step >= 0."""
+    if tables.size <= _SMALL_TABLE:
+        numbers = tables.tolist()
+        return all(map(math.isfinite, numbers)) and min(numbers[k:]) >= 0
+    return bool(np.isfinite(tables).all() and (tables[k:] >= 0).all())
+
+
+def _exact_ok(codes: np.ndarray, values: np.ndarray, bits: int) -> bool:
+    """An exact table: finite values, codes below 2**bits."""
+    if codes.size == 0:
+        return True
+    if codes.size <= _SMALL_TABLE:
+        return all(map(math.isfinite, values.tolist())) and max(codes.tolist()) < (1 << bits)
+    return bool(np.isfinite(values).all() and (codes < (1 << bits)).all())
 
 
 @functools.lru_cache(maxsize=17)
@@ -192,22 +217,31 @@ def _steps(q_bits: int) -> np.ndarray:
     return steps
 
 
-def lookup(levels: Levels, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """Decode: [numel] of ``dtype``, each code replaced by its level (or exact value)."""
+def lookup(levels: Levels, numel: int, dtype: torch.dtype, shape: Sequence[int] | None = None) -> torch.Tensor:
+    """Decode: [numel] of ``dtype`` (or ``shape``), each code replaced by its level (or exact value)."""
     q = _steps(levels.bits - levels.split)
-    table = (levels.lo.astype(np.float64)[:, None]
-             + q * levels.step.astype(np.float64)[:, None]).reshape(-1)  # [2**bits]
-    table[levels.exact_codes] = levels.exact_values
+    if levels.split == 0:  # one bucket: the same float64 arithmetic on scalars
+        table = q * float(levels.step[0]) + float(levels.lo[0])  # [2**bits]
+    else:
+        table = (levels.lo.astype(np.float64)[:, None]
+                 + q * levels.step.astype(np.float64)[:, None]).reshape(-1)  # [2**bits]
+    if levels.exact_codes.size:
+        table[levels.exact_codes] = levels.exact_values
     device = levels.codes.device
+    if on_host(numel, device):  # one numpy unpack (none for bytes), one gather
+        packed = levels.codes.numpy()
+        codes = packed[:numel] if levels.bits == 8 else unpack_host(packed, levels.bits, numel)
+        if dtype in (torch.float32, torch.float64):  # rounded by numpy, as cast_levels does
+            out = (table.astype(np.float32) if dtype == torch.float32 else table)[codes]
+            return torch.from_numpy(out if shape is None else out.reshape(shape))
+        out = torch.index_select(cast_levels(table, dtype), 0, torch.from_numpy(codes.astype(np.int64)))
+        return out if shape is None else out.reshape(shape)
     table = cast_levels(table, dtype)
-    if on_host(numel, device):  # one numpy unpack, one gather
-        codes = unpack_host(levels.codes.numpy(), levels.bits, numel)
-        return torch.index_select(table, 0, torch.from_numpy(codes))
     if device.type != "cpu":
         table = table.to(device)
     out = torch.empty(numel, dtype=dtype, device=device)
     for start, stop in cache_blocks(numel, device):
         codes = unpack_range(levels.codes, levels.bits, numel, start, stop)
         torch.index_select(table, 0, codes, out=out[start:stop])
-    return out
+    return out if shape is None else out.reshape(shape)
 

@@ -51,7 +51,7 @@ class Quantize(Compressor):
     def _decode(self, packet: Packet) -> torch.Tensor:
         levels = read_levels(self, packet)
         self.expect_packet(packet, levels.split == 0, f"split is {levels.split}, quantize uses 0")
-        return lookup(levels, packet.shape.numel(), packet.dtype).reshape(packet.shape)
+        return lookup(levels, packet.shape.numel(), packet.dtype, packet.shape)
 
 
 def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Tensor:
@@ -95,11 +95,42 @@ def uniform_codes(values: np.ndarray, lo: float, scale: float, top: int,
     """The codes ``encode_uniform`` gives elements equal to ``values``: [n] -> [n] int64.
 
     The same operations in the same dtype (``work_dtype``), each rounded once (no fused
-    multiply-add anywhere), so a value's code here is bit for bit its elements' code.
+    multiply-add anywhere), so a value's code here is bit for bit its elements' code. A few
+    values (an exact table's) take Python floats: a float32 sum or product computed in
+    float64 and rounded once to float32 is the float32 result (float64 carries more than
+    twice float32's 24 bits), and ``round`` rounds half to even as ``np.rint`` does.
     """
+    if values.size <= _SCALAR_VALUES:
+        codes = [_uniform_code(v, lo, scale, top, dtype) for v in values.tolist()]
+        if None not in codes:
+            return np.asarray(codes, dtype=np.int64)
     with np.errstate(over="ignore"):  # a span past float32's max: Inf, clipped to top
         pos = (host_work(values, dtype) - host_work(lo, dtype)) * host_work(scale, dtype)
     return np.clip(np.rint(pos), 0, top).astype(np.int64)
+
+
+#: Values up to which ``uniform_codes`` computes in Python floats instead of numpy.
+_SCALAR_VALUES = 8
+
+
+def _uniform_code(value: float, lo: float, scale: float, top: int, dtype: torch.dtype) -> int | None:
+    """One value's code in Python floats, or None where the work dtype would overflow (or NaN):
+    the numpy path handles those."""
+    if dtype == torch.float64:
+        pos = (value - lo) * scale
+    else:
+        if not abs(value) < F32_OVERFLOW:
+            return None
+        diff = f32(value) - lo
+        if not abs(diff) < F32_OVERFLOW:
+            return None
+        pos = f32(diff) * scale
+        if not abs(pos) < F32_OVERFLOW:
+            return None
+        pos = f32(pos)
+    if not abs(pos) < math.inf:
+        return None
+    return min(max(round(pos), 0), top)
 
 
 def _host_codes(flat: np.ndarray, lo: float, scale: float, top: int, dtype: torch.dtype,

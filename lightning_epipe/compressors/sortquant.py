@@ -108,7 +108,7 @@ class SortQuant(Compressor):
     def _decode(self, packet: Packet) -> torch.Tensor:
         levels = read_levels(self, packet)
         self.expect_packet(packet, levels.split >= 1, "split is 0; that is a quantize payload")
-        return lookup(levels, packet.shape.numel(), packet.dtype).reshape(packet.shape)
+        return lookup(levels, packet.shape.numel(), packet.dtype, packet.shape)
 
     def _encode_exact(self, flat: torch.Tensor) -> torch.Tensor:
         """Stable sort, rank buckets, per-bucket [min, max] with 2**Q - 1 steps."""
