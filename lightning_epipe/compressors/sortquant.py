@@ -273,30 +273,35 @@ def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: list[int]) -> np.nd
     """The bucket of each element's rank in a stable sort, without the sort's permutation.
 
     x: [N] values; values: [N] x sorted; starts: [K+1] (``_starts``) -> [N] int32. An
-    element reaches bucket k if it is above the value t at rank ``starts[k]``; of the
-    elements equal to t, the stable sort puts the first occurrences below the start.
+    element reaches bucket k if it is at or above the value t at rank ``starts[k]`` (one
+    ``searchsorted`` over the K-1 thresholds); of the elements equal to t, the stable sort
+    puts the first (start - first rank of t) occurrences below the start: they step back.
+    NaN (``check_finite=False``) sorts last and compares false: bucket 0, as with ``x >= t``.
     """
-    bucket = np.zeros(x.size, dtype=np.int32)
-    for start in starts[1:-1]:
-        if start >= x.size:  # this bucket and those after it are empty
-            break
-        t = values[start]
-        if values[start - 1] < t:  # no run of t crosses the start
-            bucket += x >= t
-        else:  # the first (start - first rank of t) occurrences of t stay below
-            ties = x == t
+    inner = [start for start in starts[1:-1] if start < x.size]  # buckets past the end are empty
+    if not inner:
+        return np.zeros(x.size, dtype=np.int32)
+    thresholds = values[inner]                                                  # [J] sorted
+    bucket = np.searchsorted(thresholds, x, side="right").astype(np.int32)     # #{t <= x}
+    for start, t in zip(inner, thresholds.tolist()):
+        if values[start - 1] == t:  # a run of t crosses the start
             below = start - int(np.searchsorted(values, t))
-            bucket += (x > t) | (ties & (np.cumsum(ties) > below))
+            bucket[np.flatnonzero(x == t)[:below]] -= 1
+    if values[-1] != values[-1]:  # NaN present: searchsorted puts it past every threshold
+        bucket[np.isnan(x)] = 0
     return bucket
 
 
 def _bucket_tables(ends: np.ndarray, starts: list[int],
                    q_bits: int) -> tuple[np.ndarray, np.ndarray]:
     """(lo [K], step [K]) float64 from the sorted values at ``_ends(starts)`` [2K]; an empty
-    bucket gets lo 0 and step 0."""
-    lo, hi = np.split(ends.astype(np.float64), 2)
-    filled = np.diff(starts) > 0
-    return np.where(filled, lo, 0.0), np.where(filled, hi - lo, 0.0) / ((1 << q_bits) - 1)
+    bucket gets lo 0 and step 0. (Python floats: K is at most a few dozen.)"""
+    ends = ends.tolist()
+    k, top = len(starts) - 1, (1 << q_bits) - 1
+    filled = [b > a for a, b in zip(starts, starts[1:])]
+    lo = [v if f else 0.0 for v, f in zip(ends[:k], filled)]
+    step = [(hi - v) / top if f else 0.0 for v, hi, f in zip(ends[:k], ends[k:], filled)]
+    return np.asarray(lo, dtype=np.float64), np.asarray(step, dtype=np.float64)
 
 
 def _exact_in_runs(exact: list[float], runs, starts: list[int],
