@@ -13,8 +13,8 @@ micro-batch's compute late and the queued flag is exact; gloo reports a send com
 once it is waited on, so there every completion is seen at the flush that ends the step and
 every message counts as queued (the window then measures how long the step's traffic took to
 drain: the link's rate where the link is the bottleneck, the pace of the messages where it is
-not; the receiver's :class:`Arrivals` tell the two apart). The queued flag separates two regimes:
-it separates the two regimes:
+not; the receiver's :class:`Arrivals` tell the two apart). The queued flag separates two
+regimes:
 
 - **saturated** (most messages queued): the link is the bottleneck and is busy from the
   first post of a busy stretch to its last completion, so
@@ -36,7 +36,7 @@ Why not the fastest messages, or per-message rates: those are exactly what a bur
 socket buffer inflates (the probe's failure). Why not sum post->completion times: a send that
 waits behind another, or for a late receiver, would count that wait as transfer time. A
 receiver that posts its receive late (a slower next stage) still makes a saturated estimate
-low; the cost model (:func:`~lightning_epipe.strategy.compression.auto_choice.predicted_seconds`) hides
+low (on gloo, any receiver does: see above, and :class:`Arrivals`); the cost model (:func:`~lightning_epipe.strategy.compression.auto_choice.predicted_seconds`) hides
 transfers behind the slowest stage's compute, which is also what such a wait lasts.
 
 Pure: numbers in, numbers out; no torch, no process group.
