@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
+from lightning_epipe.strategy.comm import memory_backend, transport
 from lightning_epipe.strategy.comm.transport import Transport, frame_capacity
 from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Command, Header, Kind
 
@@ -78,9 +79,17 @@ def test_a_prefix_leads_the_payload_in_one_frame_under_one_checksum():
     assert frames == [HEADER_NBYTES, HEADER_NBYTES + 224, HEADER_NBYTES + 224]
 
 
-def test_the_receiver_counts_which_frames_had_landed_before_it_came_to_them():
+@pytest.mark.parametrize("sign", ["is-completed", "wait-time"])
+def test_the_receiver_counts_which_frames_had_landed_before_it_came_to_them(sign, monkeypatch):
     """What auto tells a slow link from a busy receiver by: a frame sent before its receiver got
-    to it counts as in time; one the receiver had to wait for does not; commands are not counted."""
+    to it counts as in time; one the receiver had to wait for does not; commands are not counted.
+    Either sign suffices: a work complete before the wait (NCCL, this fabric; the wait-time sign
+    switched off), or a host wait that returned at once (gloo, whose works report completion only
+    once waited on: the fabric made to say the same)."""
+    if sign == "is-completed":
+        monkeypatch.setattr(transport, "ARRIVED_S", 0.0)
+    else:
+        monkeypatch.setattr(memory_backend._Op, "is_completed", lambda self: False)
     fabric = MemoryFabric(2, rule="gloo")
     ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=fabric.backend(r)) for r in (0, 1)]
     payload = torch.zeros(64, dtype=torch.uint8)

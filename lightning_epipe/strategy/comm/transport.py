@@ -31,8 +31,9 @@ sender sees it (pending sends are polled before every send and around every rece
 kept per peer in a :class:`~lightning_epipe.strategy.comm.linkrate.TransferWindow` (``rates``),
 marked *queued* when the next frame to that peer was posted before it completed; and every
 data frame received is counted per stream and peer in ``arrivals``, with whether it had
-landed before the receiver came to wait for it (its wait returned within ``ARRIVED_S``: gloo's
-``is_completed()`` stays False until a work is waited on) (:class:`~lightning_epipe.strategy.comm.linkrate.Arrivals`):
+landed before the receiver came to wait for it (``is_completed()`` before the wait on NCCL and
+the in-memory fabric; on gloo, whose ``is_completed()`` stays False until a work is waited on,
+a wait that returned within ``ARRIVED_S``) (:class:`~lightning_epipe.strategy.comm.linkrate.Arrivals`):
 what ``compressor="auto"`` decides from. A frame announced by a ``RESIZE`` notice is left out:
 its receive is posted only when the receiver reads the notice, so its time is mostly the
 receiver's (every frame of the first step, and of the step after a codec changes size).
@@ -64,7 +65,8 @@ __all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND", "
 
 Key = tuple[int, int, int]  # (kind, micro-batch, tensor index)
 
-#: A receive whose wait returns within this many seconds had landed before it was needed.
+#: A host-memory receive (gloo) whose wait returns within this many seconds had landed before
+#: it was needed (NCCL's wait returns at once on the host; there ``is_completed`` tells).
 ARRIVED_S = 100e-6
 
 
@@ -347,9 +349,11 @@ class Transport:
         elif posted.key != key:
             raise WireError(f"{link}: {what}: the {name} stream was posted for message {posted.key}, not {key}")
         self._poll_sends()  # completions seen sooner: the rates in ``rates`` are closer to the truth
+        landed = name != CONTROL and posted.work.is_completed()  # NCCL and the in-memory fabric tell at once
         waited = self._wait(posted.work, peer, what, blocking=not idle)
-        if name != CONTROL:  # gloo's is_completed() stays False until waited: a wait that returns at once tells
-            self.arrivals.setdefault((name, peer), Arrivals()).add(waited < ARRIVED_S)
+        if name != CONTROL:  # gloo tells only once waited on: a wait on the host that returns at once
+            ready = landed or (device.type == "cpu" and waited < ARRIVED_S)
+            self.arrivals.setdefault((name, peer), Arrivals()).add(ready)
         self._poll_sends()
         header = Header.read(posted.frame, link)
         header.expect(link, **expect)
