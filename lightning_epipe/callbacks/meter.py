@@ -80,8 +80,7 @@ def pipeline_links(plan: PipelinePlan) -> tuple[PipelineLink, ...]:
         src, dst = plan.cut_ranks(cut)
         cuts.setdefault(("activation", src, dst), []).append(cut)
     for cut in range(plan.num_cuts):
-        src, dst = plan.cut_ranks(cut)
-        cuts.setdefault(("gradient", dst, src), []).append(cut)
+        cuts.setdefault(("gradient", *plan.cut_ranks(cut, "gradient")), []).append(cut)
     links = [PipelineLink("input", 0, plan.input_rank)] if plan.input_rank != 0 else []
     return tuple(links + [PipelineLink(k, s, d, tuple(c)) for (k, s, d), c in cuts.items()])
 

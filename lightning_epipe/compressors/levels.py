@@ -167,8 +167,7 @@ def read_levels(codec: Compressor, packet: Packet) -> Levels:
     size = payload.numel()
     if size < _PREFIX:
         codec.expect_packet(packet, False, f"shorter than the {_PREFIX}-byte prefix")
-    host = payload.numpy() if payload.device.type == "cpu" else None  # one view serves every read below
-    bits, split, entries, pad = (host[:_PREFIX] if host is not None else host_bytes(payload, _PREFIX)).tolist()
+    bits, split, entries, pad = host_bytes(payload, _PREFIX).tolist()
     if not (2 <= bits <= 16 and 0 <= split < bits and pad == 0):
         codec.expect_packet(packet, False, f"prefix says bits={bits} split={split} (pad {pad}); expected "
                             "bits in 2..16, split in 0..bits-1, zero padding")
@@ -178,13 +177,13 @@ def read_levels(codec: Compressor, packet: Packet) -> Levels:
                             f"values take {expected} payload bytes")
     k = 1 << split
     head = _PREFIX + 8 * k + exact_nbytes(entries)
-    raw = (host[:head] if host is not None else host_bytes(payload, head))[_PREFIX:]
+    raw = host_bytes(payload, head)[_PREFIX:]
     tables = raw[:8 * k].view("<f4")
+    if not _tables_ok(tables, k):
+        codec.expect_packet(packet, False, "bucket tables hold a non-finite value or a negative step")
     codes, values = parse_exact(raw[8 * k:], entries)
-    if not _tables_ok(tables, k) or not _exact_ok(codes, values, bits):
-        what = ("bucket tables hold a non-finite value or a negative step" if not _tables_ok(tables, k) else
-                f"the exact table holds a non-finite value or a code past {(1 << bits) - 1}")
-        codec.expect_packet(packet, False, what)
+    if not _exact_ok(codes, values, bits):
+        codec.expect_packet(packet, False, f"the exact table holds a non-finite value or a code past {(1 << bits) - 1}")
     return Levels(bits, split, tables[:k], tables[k:], codes, values, payload[head:])
 
 
