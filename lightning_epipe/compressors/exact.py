@@ -53,17 +53,21 @@ def host_values(t: torch.Tensor) -> np.ndarray:
 
 def repeated_values(flat: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
                     limit: int = MAX_SPIKES, sample_size: int = SPIKE_SAMPLE,
-                    known: tuple[float, ...] = ()) -> list[float]:
+                    known: tuple[float, ...] = (), ordered: np.ndarray | None = None) -> list[float]:
     """Values holding at least ``share`` of a strided sample of ``flat`` (at least two
     elements), the ``limit`` most frequent, most frequent first; ``known`` values left
-    out. flat: [N] float tensor, or its ``host_values``.
+    out. flat: [N] float tensor, or its ``host_values``; ordered: ``flat``'s values sorted,
+    where the caller has them (a tensor no larger than the sample is then not sorted again).
 
     A value repeated r times in the sorted sample s has ``s[i] == s[i + r - 1]`` for some
     i: one comparison of two shifted views finds that there are none (the common case),
     or that the only ones are known (ReLU zeros at the min).
     """
-    sample = strided_sample(flat, sample_size)
-    sample = np.sort(sample if isinstance(sample, np.ndarray) else host_values(sample))  # [M]
+    if ordered is not None and ordered.size <= sample_size:
+        sample = ordered  # the whole tensor is the sample
+    else:
+        sample = strided_sample(flat, sample_size)
+        sample = np.sort(sample if isinstance(sample, np.ndarray) else host_values(sample))  # [M]
     m = sample.size
     run = max(2, math.ceil(share * m))
     if m < run:
@@ -83,15 +87,16 @@ def repeated_values(flat: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
     return [float(v) for v in found[order]]
 
 
-def exact_candidates(lo: float, hi: float, flat: torch.Tensor | np.ndarray) -> np.ndarray:
+def exact_candidates(lo: float, hi: float, flat: torch.Tensor | np.ndarray,
+                     ordered: np.ndarray | None = None) -> np.ndarray:
     """The values to reproduce exactly, in order of priority: min, max, repeated values;
     none if the range is not finite (``check_finite=False`` lets NaN and Inf through).
-    -> [<= 6] float64.
+    ordered: ``flat`` sorted, where the caller has it (``repeated_values``). -> [<= 6] float64.
     """
     if not math.isfinite(hi - lo):
         return np.empty(0)
-    values = np.asarray([lo, hi, *repeated_values(flat, known=(lo, hi))], dtype=np.float64)
-    return values[np.isfinite(values)]
+    values = [lo, hi, *repeated_values(flat, known=(lo, hi), ordered=ordered)]
+    return np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
 
 
 def exact_nbytes(entries: int) -> int:

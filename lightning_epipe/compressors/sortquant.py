@@ -33,6 +33,7 @@ Shape legend: N elements, K buckets, G grid cells, M sampled elements.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from .base import Compressor, check_int
 from .bitpack import pack
 from .exact import exact_candidates, host_values
 from .host import host_payload
-from .levels import (f32, host_work, levels_head, lookup, new_payload, read_levels,
+from .levels import (F32_OVERFLOW, f32, host_work, levels_head, lookup, new_payload, read_levels,
                      work_dtype, write_codes)
 from .sampling import strided_sample
 from .packet import Packet
@@ -144,28 +145,21 @@ class SortQuant(Compressor):
         """``_encode_exact`` on the host (numpy): for a few thousand values, a handful of
         numpy calls cost less than the same number of tensor ops. No argsort (several
         times the cost of a sort): each element finds its bucket by comparison with the
-        values at the bucket starts (``_rank_buckets``). Same codes, bit for bit."""
+        values at the bucket starts (``_rank_buckets``); the few exact values find their
+        codes in Python floats (``_exact_codes``). Same codes, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
         values = np.sort(x)                                                      # [N]
-        self.raise_if_nonfinite(flat, probe=float(values[-1]) - float(values[0]))  # NaN sorts last
+        first, last = float(values[0]), float(values[-1])
+        self.raise_if_nonfinite(flat, probe=last - first)  # NaN sorts last
         starts = _starts(count, buckets)
-        lo, step = _bucket_tables(values[_ends(starts)], starts, q_bits)
+        lo, step = _bucket_tables(values[_end_ranks(count, buckets)], starts, q_bits)
         lo32 = lo.astype(np.float32)
         step32 = np.where(step > 0, step, 1.0).astype(np.float32)
-
-        def codes_of(v: np.ndarray, bucket: np.ndarray) -> np.ndarray:
-            """[n] values (as float32) and their buckets -> [n] int32 codes."""
-            q = (v.astype(np.float32) - lo32[bucket]) / step32[bucket]
-            return np.clip(np.rint(q), 0, (1 << q_bits) - 1).astype(np.int32) + (
-                bucket.astype(np.int32) << q_bits)
-
-        codes = codes_of(x, _rank_buckets(x, values, starts))                    # [N]
-        exact = exact_candidates(float(values[0]), float(values[-1]), x)
-        runs = zip(np.searchsorted(values, exact, "left").tolist(),
-                   np.searchsorted(values, exact, "right").tolist())
-        pairs = _exact_in_runs(exact.tolist(), runs, starts, lambda at: codes_of(
-            values[at], np.searchsorted(starts, at, "right") - 1).tolist())
+        bucket = _rank_buckets(x, values, starts)                                # [N] int32
+        codes = _host_bucket_codes(x, bucket, lo32, step32, q_bits)               # [N] int32
+        exact = exact_candidates(first, last, x, ordered=values)
+        pairs = _exact_codes(exact, values, starts, lo32, step32, q_bits)
         head = levels_head(self.bits, self.split, lo, step, pairs, flat.dtype)
         return host_payload(head, codes, self.bits).to(flat.device)
 
@@ -269,13 +263,76 @@ def _ends(starts: list[int]) -> list[int]:
     return [min(s, count - 1) for s in starts[:-1]] + [max(s - 1, 0) for s in starts[1:]]
 
 
+@functools.lru_cache(maxsize=16)
+def _end_ranks(count: int, buckets: int) -> np.ndarray:
+    """``_ends(_starts(count, buckets))`` as a read-only index array [2K]; cached: a stream
+    sends one shape over and over."""
+    ranks = np.asarray(_ends(_starts(count, buckets)), dtype=np.intp)
+    ranks.flags.writeable = False
+    return ranks
+
+
+def _host_bucket_codes(v: np.ndarray, bucket: np.ndarray, lo32: np.ndarray, step32: np.ndarray,
+                       q_bits: int) -> np.ndarray:
+    """Codes of values ``v`` [n] in buckets ``bucket`` [n] int32: ``clamp(rint((v - lo) / step))
+    + bucket * 2**Q`` in float32, as the torch path computes them -> [n] int32."""
+    q = np.subtract(v, np.take(lo32, bucket), dtype=np.float32)
+    q /= np.take(step32, bucket)
+    np.rint(q, out=q)
+    np.clip(q, 0, (1 << q_bits) - 1, out=q)
+    codes = q.astype(np.int32)
+    codes += bucket.astype(np.int32, copy=False) << q_bits
+    return codes
+
+
+def _exact_codes(exact: np.ndarray, values: np.ndarray, starts: list[int], lo32: np.ndarray,
+                 step32: np.ndarray, q_bits: int) -> list[tuple[int, float]]:
+    """(code, value) pairs of the exact values ``exact`` [E] of the sorted ``values`` [N]
+    (``_exact_in_runs``), each code computed in Python floats: a float32 difference or
+    quotient computed in float64 and rounded once to float32 is the float32 result, and
+    ``round`` rounds half to even as ``np.rint`` does. A value outside float32's range
+    takes the numpy arithmetic."""
+    exact_as = exact.astype(values.dtype)  # exact: they are values' own (no float64 copy of values)
+    runs = zip(np.searchsorted(values, exact_as, "left").tolist(),
+               np.searchsorted(values, exact_as, "right").tolist())
+    lo, step, top = lo32.tolist(), step32.tolist(), (1 << q_bits) - 1
+
+    def codes_at(ranks: list[int]) -> list[int]:
+        out = []
+        for rank in ranks:
+            k = bisect.bisect_right(starts, rank) - 1
+            code = _float32_code(float(values[rank]), lo[k], step[k], top)
+            if code is None:
+                return _host_bucket_codes(values[ranks], np.searchsorted(starts, ranks, "right") - 1,
+                                          lo32, step32, q_bits).tolist()
+            out.append(code + (k << q_bits))
+        return out
+
+    return _exact_in_runs(exact.tolist(), runs, starts, codes_at)
+
+
+def _float32_code(value: float, lo: float, step: float, top: int) -> int | None:
+    """``clamp(rint((f32(value) - lo) / step), 0, top)`` in float32 for float32 ``lo`` and
+    ``step`` > 0; None where a float32 step would overflow."""
+    if not abs(value) < F32_OVERFLOW:
+        return None
+    diff = f32(f32(value) - lo)
+    if not abs(diff) < math.inf:
+        return None
+    q = f32(diff / step)
+    if not abs(q) < math.inf:
+        return None
+    return min(max(round(q), 0), top)
+
+
 def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: list[int]) -> np.ndarray:
     """The bucket of each element's rank in a stable sort, without the sort's permutation.
 
     x: [N] values; values: [N] x sorted; starts: [K+1] (``_starts``) -> [N] int32. An
     element reaches bucket k if it is at or above the value t at rank ``starts[k]`` (one
-    ``searchsorted`` over the K-1 thresholds); of the elements equal to t, the stable sort
-    puts the first (start - first rank of t) occurrences below the start: they step back.
+    ``searchsorted`` over the K-1 thresholds); the elements equal to a t whose run crosses
+    a start take the buckets of their ranks, the j-th of them (in x's order) rank
+    ``first rank of t + j``, as the stable sort places them.
     NaN (``check_finite=False``) sorts last and compares false: bucket 0, as with ``x >= t``.
     """
     inner = [start for start in starts[1:-1] if start < x.size]  # buckets past the end are empty
@@ -283,13 +340,24 @@ def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: list[int]) -> np.nd
         return np.zeros(x.size, dtype=np.int32)
     thresholds = values[inner]                                                  # [J] sorted
     bucket = np.searchsorted(thresholds, x, side="right").astype(np.int32)     # #{t <= x}
+    crossed = set()
     for start, t in zip(inner, thresholds.tolist()):
-        if values[start - 1] == t:  # a run of t crosses the start
-            below = start - int(np.searchsorted(values, t))
-            bucket[np.flatnonzero(x == t)[:below]] -= 1
+        if values[start - 1] == t and t not in crossed:  # a run of t crosses the start
+            crossed.add(t)
+            at = np.flatnonzero(x == t)
+            first = int(np.searchsorted(values, t))
+            bucket[at] = _host_rank_buckets(x.size, len(starts) - 1)[first:first + at.size]
     if values[-1] != values[-1]:  # NaN present: searchsorted puts it past every threshold
         bucket[np.isnan(x)] = 0
     return bucket
+
+
+@functools.lru_cache(maxsize=16)
+def _host_rank_buckets(count: int, buckets: int) -> np.ndarray:
+    """``_bucket_of_rank`` on the host: [count] int32, read only."""
+    ranks = ((np.arange(count, dtype=np.int64) * buckets) // count).astype(np.int32)
+    ranks.flags.writeable = False
+    return ranks
 
 
 def _bucket_tables(ends: np.ndarray, starts: list[int],

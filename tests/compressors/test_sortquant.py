@@ -206,3 +206,19 @@ def test_small_tensors_on_the_host_give_the_tensor_paths_bytes(monkeypatch, bits
     monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
     assert torch.equal(SortQuant(bits=bits, split=split, boundaries="exact").encode(x).payload,
                        small)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("split", [1, 2, 3])
+def test_host_buckets_of_ties_crossing_bucket_starts_are_the_stable_sorts(monkeypatch, seed, split):
+    """Runs of equal values in the middle of the range that cross one or several bucket
+    starts: each element of a run takes the bucket of its rank in a stable sort, on the
+    host path as on the torch path."""
+    from lightning_epipe.compressors import sortquant
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(50, 4000, (1,), generator=g))
+    x = torch.randint(0, 5, (n,), generator=g).float() * 0.75 - 1.0  # 5 values, each a fifth
+    small = SortQuant(bits=8, split=split).encode(x).payload
+    monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
+    assert torch.equal(SortQuant(bits=8, split=split, boundaries="exact").encode(x).payload, small)
