@@ -222,3 +222,17 @@ def test_host_buckets_of_ties_crossing_bucket_starts_are_the_stable_sorts(monkey
     small = SortQuant(bits=8, split=split).encode(x).payload
     monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
     assert torch.equal(SortQuant(bits=8, split=split, boundaries="exact").encode(x).payload, small)
+
+
+@pytest.mark.parametrize("split", [1, 2])
+def test_host_codes_of_exact_values_near_float32s_max_are_the_tensor_paths(monkeypatch, split):
+    """An exact value whose distance to its bucket's start overflows float32 (finite values
+    near +-3e38) takes the numpy arithmetic: the same payload as the torch path."""
+    from lightning_epipe.compressors import sortquant
+
+    x = torch.full((300,), 3e38)
+    x[::3] = -3e38
+    x[1::3] = -2e38  # the top bucket spans -2e38 .. 3e38: 3e38 - (-2e38) overflows float32
+    small = SortQuant(bits=8, split=split).encode(x).payload
+    monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
+    assert torch.equal(SortQuant(bits=8, split=split, boundaries="exact").encode(x).payload, small)
