@@ -38,7 +38,7 @@ from .sampling import strided_sample
 
 __all__ = ["Levels", "levels_nbytes", "levels_head", "new_payload", "write_codes",
            "read_levels", "lookup", "cast_levels",
-           "f32", "F32_OVERFLOW", "work_dtype", "host_work",
+           "f32", "F32_OVERFLOW", "float32_code", "work_dtype", "host_work",
            "strided_sample"]
 
 _PREFIX = 4
@@ -69,6 +69,25 @@ F32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
 def f32(value: float) -> float:
     """``value`` rounded to the nearest float32 (as a Python float)."""
     return float(np.float32(value))
+
+
+def float32_code(value: float, lo: float, factor: float, top: int, divide: bool = False) -> int | None:
+    """``clamp(rint((f32(value) - lo) * factor), 0, top)`` (``/ factor`` with ``divide``) in
+    float32 arithmetic on Python floats, for float32 ``lo`` and ``factor``: a float32
+    difference, product or quotient computed in float64 and rounded once to float32 is the
+    float32 result (float64 carries more than twice float32's 24 bits), and ``round`` rounds
+    half to even as ``np.rint`` does. None where a float32 step would overflow (or is NaN):
+    the caller's numpy arithmetic handles those."""
+    if not abs(value) < F32_OVERFLOW:
+        return None
+    diff = f32(value) - lo
+    if not abs(diff) < F32_OVERFLOW:
+        return None
+    diff = f32(diff)
+    pos = diff / factor if divide else diff * factor
+    if not abs(pos) < F32_OVERFLOW:
+        return None
+    return min(max(round(f32(pos)), 0), top)
 
 
 def work_dtype(dtype: torch.dtype) -> torch.dtype:

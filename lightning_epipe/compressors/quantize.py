@@ -19,8 +19,8 @@ import torch
 from .base import Compressor, check_int
 from .exact import exact_candidates
 from .host import host_array, host_payload
-from .levels import (F32_OVERFLOW, f32, host_work, levels_head, lookup, new_payload,
-                     read_levels, write_codes)
+from .levels import (F32_OVERFLOW, f32, float32_code, host_work, levels_head, lookup,
+                     new_payload, read_levels, write_codes)
 from .packet import Packet
 from .registry import register_compressor
 
@@ -116,21 +116,10 @@ _SCALAR_VALUES = 8
 def _uniform_code(value: float, lo: float, scale: float, top: int, dtype: torch.dtype) -> int | None:
     """One value's code in Python floats, or None where the work dtype would overflow (or NaN):
     the numpy path handles those."""
-    if dtype == torch.float64:
-        pos = (value - lo) * scale
-    else:
-        if not abs(value) < F32_OVERFLOW:
-            return None
-        diff = f32(value) - lo
-        if not abs(diff) < F32_OVERFLOW:
-            return None
-        pos = f32(diff) * scale
-        if not abs(pos) < F32_OVERFLOW:
-            return None
-        pos = f32(pos)
-    if not abs(pos) < math.inf:
-        return None
-    return min(max(round(pos), 0), top)
+    if dtype != torch.float64:
+        return float32_code(value, lo, scale, top)
+    pos = (value - lo) * scale
+    return min(max(round(pos), 0), top) if abs(pos) < math.inf else None
 
 
 def _host_codes(flat: np.ndarray, lo: float, scale: float, top: int, dtype: torch.dtype,

@@ -45,7 +45,7 @@ from .base import Compressor, check_int
 from .bitpack import pack
 from .exact import exact_candidates, host_values
 from .host import host_payload
-from .levels import (F32_OVERFLOW, f32, host_work, levels_head, lookup, new_payload, read_levels,
+from .levels import (f32, float32_code, host_work, levels_head, lookup, new_payload, read_levels,
                      work_dtype, write_codes)
 from .sampling import strided_sample
 from .packet import Packet
@@ -64,6 +64,7 @@ SAMPLE = 1 << 13
 #: tables of ``GRID`` cells, the sample's partial sort); the two cost the same at 4096.
 EXACT_BELOW = 1 << 12
 BOUNDARIES = ("estimated", "exact")
+_CPU = torch.device("cpu")
 
 
 def default_split(bits: int) -> int:
@@ -288,10 +289,8 @@ def _host_bucket_codes(v: np.ndarray, bucket: np.ndarray, lo32: np.ndarray, step
 def _exact_codes(exact: np.ndarray, values: np.ndarray, starts: list[int], lo32: np.ndarray,
                  step32: np.ndarray, q_bits: int) -> list[tuple[int, float]]:
     """(code, value) pairs of the exact values ``exact`` [E] of the sorted ``values`` [N]
-    (``_exact_in_runs``), each code computed in Python floats: a float32 difference or
-    quotient computed in float64 and rounded once to float32 is the float32 result, and
-    ``round`` rounds half to even as ``np.rint`` does. A value outside float32's range
-    takes the numpy arithmetic."""
+    (``_exact_in_runs``), each code computed in Python floats (``float32_code``), or in
+    numpy where a value is outside float32's range."""
     exact_as = exact.astype(values.dtype)  # exact: they are values' own (no float64 copy of values)
     runs = zip(np.searchsorted(values, exact_as, "left").tolist(),
                np.searchsorted(values, exact_as, "right").tolist())
@@ -301,7 +300,7 @@ def _exact_codes(exact: np.ndarray, values: np.ndarray, starts: list[int], lo32:
         out = []
         for rank in ranks:
             k = bisect.bisect_right(starts, rank) - 1
-            code = _float32_code(float(values[rank]), lo[k], step[k], top)
+            code = float32_code(float(values[rank]), lo[k], step[k], top, divide=True)
             if code is None:
                 return _host_bucket_codes(values[ranks], np.searchsorted(starts, ranks, "right") - 1,
                                           lo32, step32, q_bits).tolist()
@@ -309,20 +308,6 @@ def _exact_codes(exact: np.ndarray, values: np.ndarray, starts: list[int], lo32:
         return out
 
     return _exact_in_runs(exact.tolist(), runs, starts, codes_at)
-
-
-def _float32_code(value: float, lo: float, step: float, top: int) -> int | None:
-    """``clamp(rint((f32(value) - lo) / step), 0, top)`` in float32 for float32 ``lo`` and
-    ``step`` > 0; None where a float32 step would overflow."""
-    if not abs(value) < F32_OVERFLOW:
-        return None
-    diff = f32(f32(value) - lo)
-    if not abs(diff) < math.inf:
-        return None
-    q = f32(diff / step)
-    if not abs(q) < math.inf:
-        return None
-    return min(max(round(q), 0), top)
 
 
 def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: list[int]) -> np.ndarray:
@@ -346,18 +331,10 @@ def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: list[int]) -> np.nd
             crossed.add(t)
             at = np.flatnonzero(x == t)
             first = int(np.searchsorted(values, t))
-            bucket[at] = _host_rank_buckets(x.size, len(starts) - 1)[first:first + at.size]
+            bucket[at] = _bucket_of_rank(x.size, len(starts) - 1, _CPU).numpy()[first:first + at.size]
     if values[-1] != values[-1]:  # NaN present: searchsorted puts it past every threshold
         bucket[np.isnan(x)] = 0
     return bucket
-
-
-@functools.lru_cache(maxsize=16)
-def _host_rank_buckets(count: int, buckets: int) -> np.ndarray:
-    """``_bucket_of_rank`` on the host: [count] int32, read only."""
-    ranks = ((np.arange(count, dtype=np.int64) * buckets) // count).astype(np.int32)
-    ranks.flags.writeable = False
-    return ranks
 
 
 def _bucket_tables(ends: np.ndarray, starts: list[int],
