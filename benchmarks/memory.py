@@ -60,6 +60,26 @@ def table(rows: list[dict]) -> str:
                            "samples/s"], body)
 
 
+def rank_label(rank: int) -> str:
+    """Chain placement: rank 0 runs the last stage and the loss, rank 1 the first stage."""
+    role = {0: " (last stage + loss)", 1: " (first stage)"}.get(rank, "")
+    return f"rank {rank}{role} MiB"
+
+
+def bytes_table(rows: list[dict]) -> str:
+    """Peak saved-for-backward MiB per rank, one row per configuration (the numbers that do not
+    depend on the machine's load)."""
+    ranks = max((len(r["memory"]) for r in rows if "memory" in r), default=0)
+    body = []
+    for r in rows:
+        policy = r["checkpoint"] if r["checkpoint"] == "1f1b" else f"gpipe, {r['checkpoint']}"
+        if "memory" not in r:
+            body.append([r["chunks"], policy] + [f"failed: {r.get('error')}"] + ["-"] * (ranks - 1))
+            continue
+        body.append([r["chunks"], policy] + [fmt(m["saved_peak_bytes"] / 2**20, ".2f") for m in r["memory"]])
+    return markdown_table(["chunks", "schedule / checkpoint"] + [rank_label(k) for k in range(ranks)], body)
+
+
 def plot(rows: list[dict]) -> Path:
     fig, ax = axes()
     for policy, style in zip(POLICIES, ("o-", "s--", "^:", "D-.")):
@@ -84,8 +104,10 @@ def main() -> None:
                 placement="chain", timeout=600)
     load_before = load_average()
     rows = measure(base, args.chunks or [2, 4, 8])
-    write_json("memory.json", {"load_before": load_before, "load_after": load_average(), "rows": rows, "table": table(rows)})
+    write_json("memory.json", {"load_before": load_before, "load_after": load_average(), "rows": rows,
+                               "table": bytes_table(rows), "table_runs": table(rows)})
     print(table(rows))
+    print(bytes_table(rows))
     print("plot:", plot(rows))
 
 

@@ -13,6 +13,8 @@ Kinds:
 - ``digits``: the digits example pipelined with EPipeStrategy, then tested (accuracy).
 
 ``cfg["strategy"]``: further EPipeStrategy keyword arguments (e.g. ``verify_checksum``).
+``cfg["trace"]``: a path with ``{rank}``: every rank writes there where its step's time went
+(:mod:`benchmarks.tracing`).
 ``cfg["layers"]``: builder overrides of the model (e.g. ``{"width": 512}``); ``cfg["balance"]``:
 layers per stage in pipeline order, the same split for EPipe and torch pipelining.
 Throughput is measured on rank 0 from the end of step ``warmup`` to the end of the last step.
@@ -291,6 +293,10 @@ def main() -> None:
     parser.add_argument("--config", required=True, help="JSON: kind, model, devices, batch, chunks, steps, ...")
     cfg = json.loads(parser.parse_args().config)
     torch.set_num_threads(cfg.get("threads", 1))
+    if cfg.get("trace"):  # benchmarks/step_trace.py: time the engine's and Lightning's calls in this rank
+        from benchmarks.tracing import install
+
+        install(cfg["trace"])
     try:
         result = KINDS[cfg["kind"]](cfg)
     except BaseException as err:  # rank 0 reports the error in the table instead of a result

@@ -1,0 +1,144 @@
+"""Where a pipeline step's time goes, per rank, next to torch.distributed.pipelining's step.
+
+    python benchmarks/step_trace.py                      # the cells below, 3 repetitions
+    python benchmarks/step_trace.py --cells 2:512:1 --repeats 1
+
+A cell ``K:width:chunks`` is one of section 0's (``benchmarks/engine.py``: 8 x (Linear(w, w) +
+ReLU), batch 256, split [5, 3] or [3, 3, 2], chain placement, one torch thread per process).
+Every repetition runs EPipe traced (:mod:`benchmarks.tracing`: the engine's and Lightning's
+calls wrapped and timed in every rank), EPipe untraced and torch's ``ScheduleGPipe``, side by
+side. Per rank and label: the median over the timed steps of all traced runs of the time that
+code took itself (its traced callees' taken out), in ms per step; a rank's labels add up to its
+step. "EPipe untraced" and "torch" are 256 / the run's median-step rate, in ms, median and
+spread over the repetitions. Writes ``benchmarks/results/step_trace.{json,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import axes, finish, fmt, load_average, markdown_table, run, write_json  # noqa: E402
+from benchmarks.engine import BATCH, base  # noqa: E402
+from benchmarks.tracing import BETWEEN, median_ms, step_windows  # noqa: E402
+
+DEFAULT_CELLS = ["2:128:1", "2:512:1", "2:512:8", "3:1024:1"]
+SMALL_MS = 0.05  # labels under this many ms per step on every rank are summed into "other"
+
+
+def parse_cell(text: str) -> dict:
+    stages, width, chunks = (int(x) for x in text.split(":"))
+    return dict(stages=stages, width=width, chunks=chunks)
+
+
+def step_ms(result: dict) -> float | None:
+    rate = result.get("median_step_samples_per_s")
+    return 1e3 * BATCH / rate if rate else None
+
+
+def measure(cells: list[dict], repeats: int, steps: int, warmup: int) -> list[dict]:
+    rows = [dict(cell, windows={}, traced=[], untraced=[], torch=[], errors=[]) for cell in cells]
+    for rep in range(repeats):
+        for row in rows:
+            cfg = {**base(row, steps), "warmup": warmup}
+            with tempfile.TemporaryDirectory() as tmp:
+                trace = str(Path(tmp) / "trace.rank{rank}.json")
+                traced = run({**cfg, "kind": "epipe", "trace": trace})
+                for rank in range(row["stages"]):
+                    path = Path(trace.format(rank=rank))
+                    if path.exists():
+                        windows = step_windows(json.loads(path.read_text()), warmup=warmup)
+                        row["windows"].setdefault(str(rank), []).extend(windows)
+            untraced = run({**cfg, "kind": "epipe"})
+            peer = run({**cfg, "kind": "pipelining"})
+            for name, result in (("traced", traced), ("untraced", untraced), ("torch", peer)):
+                ms = step_ms(result)
+                if ms is None:
+                    row["errors"].append(f"{name}: {result.get('error')}")
+                else:
+                    row[name].append(ms)
+            print(f"  rep {rep + 1} K={row['stages']} w={row['width']} m={row['chunks']}: step ms traced"
+                  f" {fmt(step_ms(traced))}, untraced {fmt(step_ms(untraced))}, torch {fmt(step_ms(peer))}", flush=True)
+    for row in rows:
+        row["ms"] = {rank: median_ms(windows) for rank, windows in row.pop("windows").items()}
+    return rows
+
+
+def ordered_labels(ms: dict[str, dict[str, float]]) -> list[str]:
+    """Labels by their largest time on any rank, the step and the untraced rest last."""
+    labels = {label for per_rank in ms.values() for label in per_rank} - {"step", BETWEEN}
+    return sorted(labels, key=lambda label: -max(per_rank.get(label, 0.0) for per_rank in ms.values())) + [BETWEEN, "step"]
+
+
+def median_spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def table(row: dict) -> str:
+    ranks = sorted(row["ms"], key=int)
+    body = []
+    other = {rank: 0.0 for rank in ranks}
+    for label in ordered_labels(row["ms"]):
+        values = {rank: row["ms"][rank].get(label, 0.0) for rank in ranks}
+        if label not in ("step", BETWEEN) and max(values.values()) < SMALL_MS:
+            other = {rank: other[rank] + values[rank] for rank in ranks}
+            continue
+        if label == BETWEEN:
+            body.append([f"other (labels under {SMALL_MS} ms)"] + [fmt(other[r]) for r in ranks])
+        body.append([label] + [fmt(values[r]) for r in ranks])
+    return markdown_table(["ms per step (median)"] + [f"rank {r}" for r in ranks], body)
+
+
+def header(row: dict) -> str:
+    return (f"K = {row['stages']}, width {row['width']}, chunks {row['chunks']}: step ms, median (min-max) over"
+            f" {len(row['untraced'])} repetitions: EPipe untraced {median_spread(row['untraced'])}, EPipe traced"
+            f" {median_spread(row['traced'])}, torch pipelining {median_spread(row['torch'])}")
+
+
+def plot(rows: list[dict]) -> Path:
+    fig, ax = axes((9, 1.2 + 0.45 * sum(len(r["ms"]) for r in rows)))
+    bars = [(f"K={r['stages']} w={r['width']} m={r['chunks']} rank {rank}", r["ms"][rank]) for r in rows
+            for rank in sorted(r["ms"], key=int)]
+    labels = []
+    for row in rows:
+        labels += [label for label in ordered_labels(row["ms"])[:6] if label not in labels and label != "step"]
+    left = [0.0] * len(bars)
+    for label in labels + ["other"]:
+        widths = [ms.get(label, 0.0) if label != "other" else
+                  ms.get("step", 0.0) - sum(ms.get(x, 0.0) for x in labels) for _, ms in bars]
+        ax.barh(range(len(bars)), widths, left=left, label=label)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(range(len(bars)), [name for name, _ in bars], fontsize=7)
+    ax.invert_yaxis()
+    return finish(fig, ax, "step_trace.png", "ms per step (median over timed steps)", "",
+                  "Where an EPipe step's time goes, per rank", legend=6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cells", nargs="+", default=DEFAULT_CELLS, help="K:width:chunks")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    load_before = load_average()
+    print(load_before, flush=True)
+    rows = measure([parse_cell(c) for c in args.cells], args.repeats, args.steps, args.warmup)
+    tables = [f"{header(row)}\n\n{table(row)}" for row in rows]
+    write_json("step_trace.json", {"load_before": load_before, "load_after": load_average(), "rows": rows,
+                                   "table": tables})
+    print("\n\n".join(tables))
+    print("plot:", plot(rows))
+    print(load_average())
+
+
+if __name__ == "__main__":
+    main()
