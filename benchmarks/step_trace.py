@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import axes, finish, fmt, load_average, markdown_table, run, write_json  # noqa: E402
+from benchmarks.common import axes, finish, fmt, load_average, markdown_table, median_spread, run, write_json  # noqa: E402
 from benchmarks.engine import BATCH, base  # noqa: E402
 from benchmarks.tracing import BETWEEN, median_ms, step_windows  # noqa: E402
 
@@ -76,12 +75,6 @@ def ordered_labels(ms: dict[str, dict[str, float]]) -> list[str]:
     return sorted(labels, key=lambda label: -max(per_rank.get(label, 0.0) for per_rank in ms.values())) + [BETWEEN, "step"]
 
 
-def median_spread(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
-
-
 def table(row: dict) -> str:
     ranks = sorted(row["ms"], key=int)
     body = []
@@ -98,9 +91,13 @@ def table(row: dict) -> str:
 
 
 def header(row: dict) -> str:
+    def ms(values: list[float]) -> str:
+        median, spread = median_spread(values)
+        return f"{median} ({spread})" if values else "-"
+
     return (f"K = {row['stages']}, width {row['width']}, chunks {row['chunks']}: step ms, median (min-max) over"
-            f" {len(row['untraced'])} repetitions: EPipe untraced {median_spread(row['untraced'])}, EPipe traced"
-            f" {median_spread(row['traced'])}, torch pipelining {median_spread(row['torch'])}")
+            f" {len(row['untraced'])} repetitions: EPipe untraced {ms(row['untraced'])}, EPipe traced"
+            f" {ms(row['traced'])}, torch pipelining {ms(row['torch'])}")
 
 
 def plot(rows: list[dict]) -> Path:
