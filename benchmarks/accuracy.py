@@ -13,7 +13,9 @@ and ``powersgd`` (rank 4), each lossy one also with error feedback on the gradie
 (``+delta``, AQ-SGD; the first epoch uncompressed), and learned bottlenecks at ratios 0.1 and 0.25 (PCA start on 256 training
 images; plain float32 codes, or 8-bit sort-quantized ones); activations and gradients both
 compressed. Final test accuracy against the compression ratio measured on the wire
-(headers included): the report's figure. Writes ``benchmarks/results/accuracy.{png,json}``.
+(headers included): the report's figure. Writes ``benchmarks/results/accuracy.{png,json}``:
+the rows, the load average around the run and two tables (``"table"``: the plain codecs,
+then error feedback, deltas and bottlenecks).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import axes, finish, fmt, markdown_table, run, write_json  # noqa: E402
+from benchmarks.common import axes, finish, fmt, load_average, markdown_table, run, write_json  # noqa: E402
 
 BITS = [16, 12, 8, 6, 4, 2]
 LLOYD_BITS = [8, 6, 4, 2]
@@ -67,8 +69,21 @@ def measure(devices: int, epochs: int, seeds: list[int], only: list[str] | None 
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    base = next((r.get("test_acc") for r in rows if r["codec"] == "none"), None)
+def is_plain(label: str) -> bool:
+    """A codec on its own: no error feedback, deltas or bottleneck."""
+    return "+" not in label and not label.startswith("bottleneck")
+
+
+def tables(rows: list[dict]) -> list[str]:
+    """The plain codecs' table, then the others' (each row against ``none``)."""
+    base = [r for r in rows if r["codec"] == "none"]
+    plain = [r for r in rows if is_plain(r["codec"])]
+    rest = [r for r in rows if not is_plain(r["codec"])]
+    return [table(plain)] + ([table(rest, base)] if rest else [])
+
+
+def table(rows: list[dict], base_rows: list[dict] | None = None) -> str:
+    base = next((r.get("test_acc") for r in (base_rows or rows) if r["codec"] == "none"), None)
     body = [[r["codec"], fmt(r.get("ratio"), ".3f"),
              fmt(r.get("test_acc"), ".3f") if "test_acc" in r else f"failed: {r['error']}",
              f"{r['acc_min']:.3f}-{r['acc_max']:.3f}" if r.get("runs", 0) > 1 else "-",
@@ -104,10 +119,12 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="run only the codecs whose label starts with one of these (and none)")
     parser.add_argument("--out", default="accuracy.json", help="file name under benchmarks/results")
     args = parser.parse_args()
+    before = load_average()
     rows = measure(args.devices or (3 if args.full else 2), args.epochs or (20 if args.full else 5),
                    args.seeds or ([0, 1, 2] if args.full else [0]), args.only)
-    write_json(args.out, rows)
-    print(table(rows))
+    written = tables(rows)
+    write_json(args.out, {"load_before": before, "load_after": load_average(), "rows": rows, "table": written})
+    print("\n\n".join(written))
     print("plot:", plot(rows, Path(args.out).with_suffix(".png").name))
 
 
