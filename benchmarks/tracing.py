@@ -33,7 +33,7 @@ BETWEEN = "between steps"  # time of a step window no traced call covers
 TRACED: list[tuple[str, str, str]] = [
     ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop.advance", STEP),
     ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop._broadcast_sigterm_tensor", "SIGTERM broadcast"),
-    ("lightning_epipe.strategy.sigterm_broadcast", "AsyncSigtermBroadcast.__call__", "SIGTERM broadcast"),
+    ("lightning_epipe.strategy.sigterm_broadcast", "StepStartSignal.__call__", "batch start (SIGTERM signal)"),
     ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher.__next__", "next batch"),
     ("lightning.pytorch.loops.optimization.automatic", "Closure.__call__", "Lightning closure"),
     ("lightning.pytorch.trainer.call", "_call_callback_hooks", "callback hooks"),

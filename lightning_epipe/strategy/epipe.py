@@ -57,7 +57,7 @@ from lightning_epipe.strategy.planning.partition import PipelinePlan
 from lightning_epipe.strategy.planning.plan import plan_for
 from lightning_epipe.strategy.rank_topology import RankTopology
 from lightning_epipe.strategy.server_data import server_dataloader
-from lightning_epipe.strategy.sigterm_broadcast import AsyncSigtermBroadcast, install_sigterm_handling
+from lightning_epipe.strategy.sigterm_broadcast import StepStartSignal, install_sigterm_handling
 
 __all__ = ["EPipeStrategy"]
 
@@ -122,7 +122,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         self._sample_ids = SampleIdRecorder()
         self.stats = PipelineStats()
         self._assembly: Optional[RankAssembly] = None  # this rank's part of the pipeline, after setup
-        self._sigterm_broadcast: Optional[AsyncSigtermBroadcast] = None
+        self._step_start: Optional[StepStartSignal] = None
         self._transport: Optional[Transport] = None  # global ranks: checkpoint state
         self._pipe_transport: Optional[Transport] = None  # this pipeline's ranks: the training's messages
         self._groups: Optional[PipelineGroups] = None
@@ -243,9 +243,10 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
             layers.forward = self._rank_steps.pipelined_forward  # type: ignore[method-assign]
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
                            lambda: self.lightning_module.automatic_optimization)
-        # no barrier at every step boundary; SIGTERM stops every rank on the same step
-        self._sigterm_broadcast = install_sigterm_handling(trainer, self.root_device, self.config.timeout,
-                                                           trainer.state.fn == TrainerFn.FITTING)
+        # no collective at every step boundary; SIGTERM stops every rank on the same step
+        clients = self._groups.stage if self.is_client and self.replicas > 1 else None
+        self._step_start = install_sigterm_handling(trainer, runtime, self.root_device, self.config.timeout,
+                                                    trainer.state.fn == TrainerFn.FITTING, clients)
         if not any(isinstance(cb, CallbackMetricsSync) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, CallbackMetricsSync(self.root_device))
         if self.is_client:
@@ -371,16 +372,16 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
     @override
     def on_exception(self, exception: BaseException) -> None:
         self._failed = True
-        stopped_alone = isinstance(exception, SIGTERMException) and self._sigterm_broadcast is None
+        stopped_alone = isinstance(exception, SIGTERMException) and self._step_start is None
         if stopped_alone and self.is_client and self._rank_steps is not None:
             self._rank_steps.stop_servers()
 
     @override
     def teardown(self) -> None:
         module = self.lightning_module
-        if self._sigterm_broadcast is not None:
-            self._sigterm_broadcast.uninstall(wait=not self._failed)
-            self._sigterm_broadcast = None
+        if self._step_start is not None:
+            self._step_start.uninstall(wait=not self._failed)
+            self._step_start = None
         if module is not None and self._rank_steps is not None:
             fitted = module._trainer is not None and module._trainer.state.fn == TrainerFn.FITTING and not self._failed
             give_back(module, self._assembly, fitted, self._transport, self.world_size, self._checkpoint.owned_state())

@@ -1,35 +1,39 @@
-"""Lightning's per-step SIGTERM broadcast without a barrier, and SIGTERM that stops a pipeline.
+"""Lightning's per-step SIGTERM broadcast, carried by the pipeline's control stream.
 
 Lightning (2.5 and later) starts every training batch with a ``torch.distributed.broadcast``
 of rank 0's SIGTERM flag (``_TrainingEpochLoop._broadcast_sigterm_tensor``) so that every
-rank stops at the same step. On rank 0 of a pipeline that broadcast is a barrier at every
-step boundary: the client waits there until the slowest stage has finished its step, so
-its work between steps (the next batch, Lightning's hooks, the first sends) cannot overlap
-the servers' last backward and optimizer step.
+rank stops at the same step. In a pipeline that collective costs at every step boundary: on
+rank 0 it is a barrier (the client waits there until the slowest stage has finished its step,
+so its work between steps cannot overlap the servers' last backward and optimizer step), and
+on the rank of the first stage, whose step boundary is the critical path of a pipeline with
+few micro-batches, it takes longer than a message (0.36 ms a step at width 512 in
+``benchmarks/step_trace.py``, up to 1.41 ms on the third of 3 ranks, in gloo's broadcast).
 
-:class:`AsyncSigtermBroadcast` replaces the method on rank 0's loop: it posts the same
-broadcast (``async_op=True``) and waits for the one of the step before, which the other
-ranks received before they served that step. The other ranks keep Lightning's method and
-wait in it as before, where they would wait for the client's first message anyway.
+:class:`StepStartSignal` replaces the method on every rank of a pipeline while fitting. The
+client sends each server ``BATCH_START`` on the control stream (or ``STOP`` once SIGTERM
+came), a message the server has had a receive posted for since its last command; a server
+reads it where Lightning would broadcast, and stops there on ``STOP``. Every rank thus stops
+before the same batch, before any hook of it (``on_train_batch_start`` may hold a collective:
+``compressor="auto"``'s), and no rank waits in a collective between steps. With
+``replicas > 1`` the clients of the replicas still agree on rank 0's flag by a broadcast
+among themselves (rank 0 posts it without waiting, and waits for it one step later).
 
-SIGTERM (a cluster preempting the job): Lightning's handler broadcasts from inside the
-signal handler, on whichever rank receives the signal, and a pipeline rank blocked in a wait
+SIGTERM (a cluster preempting the job): Lightning's handler broadcasts from inside the signal
+handler, on whichever rank receives the signal, and a pipeline rank blocked in a wait
 for its peer runs no Python handler until the wait ends, so that broadcast hung until the
 timeout. Lightning also stops each rank on its own after the batch in which the signal came,
 and without a barrier between steps the client may be a batch ahead of the servers.
 :func:`quiet_sigterm_handler` makes the handler pass the signal on to the launcher's other
-ranks (as Lightning's does) and record it only where the per-step broadcast reads it (rank 0):
-rank 0 broadcasts 1 at the start of its next training batch, and every rank stops there, on
-the same step.
+ranks (as Lightning's does) and record it only where the per-step signal reads it (rank 0):
+rank 0's next training batch stops every rank, on the same step.
 
 Lightning offers no hook for either: the methods are replaced on the instances (before
 Lightning registers its signal handlers, which it does after ``Strategy.setup``), and the
-loop's is given back by :meth:`AsyncSigtermBroadcast.uninstall`.
+loop's is given back by :meth:`StepStartSignal.uninstall`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from datetime import timedelta
 from typing import Any, Callable, Optional
@@ -38,7 +42,10 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-__all__ = ["AsyncSigtermBroadcast", "quiet_sigterm_handler", "has_step_broadcast", "install_sigterm_handling"]
+from lightning_epipe.strategy.comm.wire import Command, WireError
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+
+__all__ = ["StepStartSignal", "quiet_sigterm_handler", "has_step_broadcast", "install_sigterm_handling"]
 
 _METHOD = "_broadcast_sigterm_tensor"
 log = logging.getLogger(__name__)
@@ -69,13 +76,42 @@ def quiet_sigterm_handler(trainer: Any, record: Optional[Callable[[], None]]) ->
         connector._sigterm_notifier_fn = notify
 
 
-class AsyncSigtermBroadcast:
-    """Rank 0's per-step SIGTERM broadcast, posted without waiting for the other ranks."""
+class _ClientFlags:
+    """``replicas > 1``: rank 0's SIGTERM flag broadcast to the clients of every replica
+    (``group``); rank 0 posts it without waiting and waits for it one step later."""
 
-    def __init__(self, trainer: Any, device: torch.device, timeout: timedelta) -> None:
-        self.trainer, self.device, self.timeout = trainer, device, timeout
-        self.received = False  # SIGTERM came (:meth:`record`): the next training batch stops every rank
-        self._pending: Optional[tuple[Any, torch.Tensor]] = None  # the last broadcast and its tensor
+    def __init__(self, group: Any, device: torch.device, timeout: timedelta, is_source: bool) -> None:
+        self.group, self.device, self.timeout, self.is_source = group, device, timeout, is_source
+        self._pending: Optional[tuple[Any, torch.Tensor]] = None  # rank 0: the last broadcast and its tensor
+
+    def agree(self, received: bool) -> bool:
+        """Rank 0's ``received``, on every client."""
+        flag = torch.tensor([int(received)], device=self.device)
+        if not self.is_source:
+            dist.broadcast(flag, src=0, group=self.group)
+            return bool(flag.item())
+        self.finish()  # the step before's: done since the other clients began that step
+        self._pending = (dist.broadcast(flag, src=0, group=self.group, async_op=True), flag)
+        return received
+
+    def finish(self) -> None:
+        """Rank 0: wait until the other clients have received the last broadcast (bounded by the timeout)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending[0].wait(self.timeout)
+
+
+class StepStartSignal:
+    """The start of a training batch on one rank of a pipeline: the client tells its servers to
+    go on (``BATCH_START``) or to stop (``STOP``); a server reads which."""
+
+    def __init__(self, trainer: Any, runtime: PipelineRuntime, clients: Optional[_ClientFlags] = None) -> None:
+        self.trainer, self.runtime, self.clients = trainer, runtime, clients
+        self.received = False  # rank 0: SIGTERM came (:meth:`record`); the next training batch stops every rank
+
+    @property
+    def is_client(self) -> bool:
+        return self.runtime.rank == 0
 
     def record(self) -> None:
         self.received = True
@@ -88,45 +124,51 @@ class AsyncSigtermBroadcast:
         return True
 
     def uninstall(self, wait: bool = True) -> None:
-        """Give the loop Lightning's method back; ``wait``: after the last broadcast arrived."""
-        if wait:
-            self.finish()
-        self._pending = None
+        """Give the loop Lightning's method back; ``wait``: after rank 0's last broadcast to the
+        other clients arrived (``replicas > 1``)."""
+        if wait and self.clients is not None:
+            self.clients.finish()
         vars(self.trainer.fit_loop.epoch_loop).pop(_METHOD, None)
 
-    def finish(self) -> None:
-        """Wait until the other ranks have received the last broadcast (bounded by the timeout)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending[0].wait(self.timeout)
-
     def __call__(self) -> None:
-        flag = torch.tensor([int(self.received)], device=self.device)
-        self.finish()  # the step before's: done since the other ranks began that step
-        self._pending = (dist.broadcast(flag, src=0, async_op=True), flag)
-        if self.received:  # as Lightning does on every rank: agree, then stop
-            self.finish()
-            with contextlib.suppress(Exception):
-                dist.barrier()
+        if not self.is_client:
+            command = self.runtime.next_command().command
+            if command == Command.STOP:
+                raise SIGTERMException()
+            if command != Command.BATCH_START:
+                raise WireError(f"pipeline rank {self.runtime.rank}: {command.name} where a training batch starts"
+                                " (BATCH_START or STOP): the client and this rank run different steps")
+            return
+        stop = self.clients.agree(self.received) if self.clients is not None else self.received
+        self.runtime.command(Command.STOP if stop else Command.BATCH_START)
+        if stop:  # as Lightning does on every rank once the flag is agreed: stop before this batch
+            self.runtime.transport.flush()
+            if self.clients is not None:
+                self.clients.finish()
             raise SIGTERMException()
 
 
-def install_sigterm_handling(trainer: Any, device: torch.device, timeout: timedelta, fitting: bool) -> Optional[AsyncSigtermBroadcast]:
-    """No barrier at every step boundary, and SIGTERM that stops every rank on the same step.
+def install_sigterm_handling(trainer: Any, runtime: PipelineRuntime, device: torch.device, timeout: timedelta,
+                             fitting: bool, clients_group: Any = None) -> Optional[StepStartSignal]:
+    """No collective at every step boundary, and SIGTERM that stops every rank on the same step.
 
-    Returns rank 0's :class:`AsyncSigtermBroadcast` while fitting (``None`` elsewhere, or where
-    this Lightning has no per-step broadcast); give it back with ``uninstall`` at teardown.
+    Returns this rank's :class:`StepStartSignal` while fitting (``None`` elsewhere, or where this
+    Lightning has no per-step broadcast); give it back with ``uninstall`` at teardown.
+    ``clients_group``: ``replicas > 1``, the clients of every replica (on a client).
     """
-    broadcast = None
-    if fitting and trainer.global_rank == 0:
-        candidate = AsyncSigtermBroadcast(trainer, device, timeout)
-        broadcast = candidate if candidate.install() else None
+    signal = None
+    if fitting:
+        clients = None
+        if clients_group is not None and runtime.rank == 0:
+            clients = _ClientFlags(clients_group, device, timeout, is_source=trainer.global_rank == 0)
+        candidate = StepStartSignal(trainer, runtime, clients)
+        signal = candidate if candidate.install() else None
     connector = trainer._signal_connector
-    if broadcast is not None:
-        record: Optional[Callable[[], None]] = broadcast.record
+    if signal is not None and trainer.global_rank == 0:
+        record: Optional[Callable[[], None]] = signal.record
     elif trainer.global_rank != 0 and has_step_broadcast(trainer):
-        record = None  # rank 0's broadcast decides
+        record = None  # rank 0 decides (outside fit: the client's STOP after its batch)
     else:
         record = lambda: setattr(connector, "received_sigterm", True)  # noqa: E731 - Lightning's own flag
     quiet_sigterm_handler(trainer, record)
-    return broadcast
+    return signal

@@ -86,6 +86,18 @@ def test_sigterm_stops_every_rank_after_the_same_step(tmp_path):
     assert code == 0 and "Timed out" not in out and "PeerError" not in out, out[-3000:]
 
 
+@pytest.mark.slow
+def test_sigterm_stops_every_replica_after_the_same_step(tmp_path):
+    """Pipeline x data parallel (2 pipelines of 2 ranks): rank 0's SIGTERM reaches the other
+    pipeline's client by a broadcast among the clients, and each client tells its own server;
+    all 4 ranks stop before the same batch."""
+    code, out = _run_fault("sigterm", "--devices", "4", "--replicas", "2", rank=0, step=2, tmp_path=tmp_path)
+    stopped = re.findall(r"rank (\d) stopped by SIGTERM at global_step (\d+)", out)
+    assert sorted(rank for rank, _ in stopped) == ["0", "1", "2", "3"], out[-3000:]
+    assert {step for _, step in stopped} == {"2"}, stopped
+    assert code == 0 and "Timed out" not in out and "PeerError" not in out, out[-3000:]
+
+
 def test_sigterm_in_validate_stops_every_rank_after_the_same_batch(tmp_path):
     """SIGTERM in a standalone ``trainer.validate()`` (no per-step broadcast there): the client
     stops after its batch as Lightning does and tells the servers, which wait for its next

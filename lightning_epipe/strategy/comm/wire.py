@@ -22,7 +22,7 @@ __all__ = ["Kind", "Direction", "Flag", "StepFlag", "Command", "Header", "WireEr
            "MAX_PAYLOAD", "checksum"]
 
 MAGIC = 0x45504950  # "EPIP"
-VERSION = 2  # 2: payload checksums are XXH3-64 (1: CRC32)
+VERSION = 3  # 3: every training batch starts with BATCH_START or STOP (2: payload checksums are XXH3-64; 1: CRC32)
 HEADER_LEN = 12
 HEADER_NBYTES = 8 * HEADER_LEN  # 96: a frame's header, a multiple of 8 so payloads stay aligned
 _HEADER = struct.Struct(f"={HEADER_LEN}q")  # native int64s, as the tensor view of a frame reads them
@@ -83,7 +83,8 @@ class Command(enum.IntEnum):
     OPTIMIZER_STEP = 3
     FINISH_STEP = 4
     SKIP_STEP = 5
-    STOP = 6  # the client stopped on SIGTERM between evaluation batches: stop where you wait
+    STOP = 6  # the client stopped on SIGTERM (before a training batch, or between evaluation batches): stop where you wait
+    BATCH_START = 7  # a training batch begins, where Lightning would broadcast rank 0's SIGTERM flag: go on
 
 
 _DIRECTIONS = {Kind.ACTIVATION: Direction.ACTIVATION, Kind.GRADIENT: Direction.GRADIENT, Kind.INPUT: Direction.INPUT}

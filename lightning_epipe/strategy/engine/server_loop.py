@@ -16,6 +16,9 @@ reads the client's commands from the control stream and drives this rank's
 ``STOP``           the client stopped between two steps (SIGTERM in ``validate``,
                    ``test`` or ``predict``): stop too, before this step
 =================  ===========================================================
+
+Before every training batch, where Lightning would broadcast rank 0's SIGTERM flag, the
+server reads ``BATCH_START`` (go on) or ``STOP`` (``sigterm_broadcast.StepStartSignal``).
 """
 
 from __future__ import annotations
