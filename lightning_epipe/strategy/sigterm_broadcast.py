@@ -6,8 +6,9 @@ rank stops at the same step. In a pipeline that collective costs at every step b
 rank 0 it is a barrier (the client waits there until the slowest stage has finished its step,
 so its work between steps cannot overlap the servers' last backward and optimizer step), and
 on the rank of the first stage, whose step boundary is the critical path of a pipeline with
-few micro-batches, it takes longer than a message (0.36 ms a step at width 512 in
-``benchmarks/step_trace.py``, up to 1.41 ms on the third of 3 ranks, in gloo's broadcast).
+few micro-batches, it takes longer than a message (traced with the broadcast in place:
+0.36-0.48 ms a step on the first stage's rank, up to 1.41 ms on the third of three ranks;
+benchmarks/README.md, section 0).
 
 :class:`StepStartSignal` replaces the method on every rank of a pipeline while fitting. The
 client sends each server ``BATCH_START`` on the control stream (or ``STOP`` once SIGTERM
