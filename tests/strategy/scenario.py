@@ -137,12 +137,12 @@ class InjectFault(L.Callback):
 
             original = transport.Transport.send
 
-            def send(tr, peer, header, payload=None):
+            def send(tr, peer, header, payload=None, **kwargs):
                 if trainer.global_step == self.step and payload is not None and payload.numel() > 64:
                     import dataclasses
 
                     header = dataclasses.replace(header, microbatch=header.microbatch + 1)
-                return original(tr, peer, header, payload)
+                return original(tr, peer, header, payload, **kwargs)
 
             transport.Transport.send = send
 
