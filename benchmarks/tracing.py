@@ -8,9 +8,8 @@ callees'), :func:`step_windows` sums those by label over each training step, fro
 one ``_TrainingEpochLoop.advance`` to the start of the next (the time between, Lightning's loop
 around the steps, included as the step's ``between steps``).
 
-Tracing is not free: a step with many calls runs slower traced (``results/step_trace.json``: 14%
-at width 512, chunks 8; within 1.4% at chunks 1 and widths 512-1024), which is why
-:mod:`benchmarks.step_trace` times an untraced run beside it.
+Tracing is not free and moves a step's time (benchmarks/README.md, section 0, compares traced
+and untraced steps), which is why :mod:`benchmarks.step_trace` times an untraced run beside it.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ BETWEEN = "between steps"  # time of a step window no traced call covers
 #: duration less its traced callees', so each label reads as the time of that code alone.
 TRACED: list[tuple[str, str, str]] = [
     ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop.advance", STEP),
-    ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop._broadcast_sigterm_tensor", "SIGTERM broadcast"),
     ("lightning_epipe.strategy.sigterm_broadcast", "StepStartSignal.__call__", "batch start (SIGTERM signal)"),
     ("lightning.pytorch.loops.fetchers", "_PrefetchDataFetcher.__next__", "next batch"),
     ("lightning.pytorch.loops.optimization.automatic", "Closure.__call__", "Lightning closure"),

@@ -244,7 +244,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
                            lambda: self.lightning_module.automatic_optimization)
         # no collective at every step boundary; SIGTERM stops every rank on the same step
-        clients = self._groups.stage if self.is_client and self.replicas > 1 else None
+        clients = self._groups.stage if self.is_client else None  # None with one replica
         self._step_start = install_sigterm_handling(trainer, runtime, self.root_device, self.config.timeout,
                                                     trainer.state.fn == TrainerFn.FITTING, clients)
         if not any(isinstance(cb, CallbackMetricsSync) for cb in trainer.callbacks):

@@ -155,12 +155,12 @@ def install_sigterm_handling(trainer: Any, runtime: PipelineRuntime, device: tor
 
     Returns this rank's :class:`StepStartSignal` while fitting (``None`` elsewhere, or where this
     Lightning has no per-step broadcast); give it back with ``uninstall`` at teardown.
-    ``clients_group``: ``replicas > 1``, the clients of every replica (on a client).
+    ``clients_group``: on a client with ``replicas > 1``, the clients of every replica (else ``None``).
     """
     signal = None
     if fitting:
         clients = None
-        if clients_group is not None and runtime.rank == 0:
+        if clients_group is not None:
             clients = _ClientFlags(clients_group, device, timeout, is_source=trainer.global_rank == 0)
         candidate = StepStartSignal(trainer, runtime, clients)
         signal = candidate if candidate.install() else None
