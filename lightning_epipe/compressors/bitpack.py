@@ -29,9 +29,12 @@ import torch
 from .cache_blocks import cache_blocks
 
 __all__ = ["pack", "unpack", "pack_into", "unpack_range", "packed_nbytes", "pack_host",
-           "unpack_host", "MAX_WIDTH"]
+           "unpack_host", "MAX_WIDTH", "HOST_CODES"]
 
 MAX_WIDTH = 32
+#: Codes up to which ``pack`` and ``unpack`` of CPU tensors run in numpy (``pack_host``,
+#: ``unpack_host``: the same layout in a few numpy calls instead of a few dozen tensor ops).
+HOST_CODES = 1 << 12
 
 
 def packed_nbytes(count: int, width: int) -> int:
@@ -53,6 +56,9 @@ def pack(codes: torch.Tensor, width: int, out: torch.Tensor | None = None) -> to
     elif out.numel() != packed_nbytes(count, width):
         raise ValueError(f"out has {out.numel()} bytes; {count} codes of {width} bits take "
                          f"{packed_nbytes(count, width)}")
+    if count <= HOST_CODES and codes.device.type == "cpu" and out.device.type == "cpu":
+        pack_host(codes.numpy(), width, out.numpy())
+        return out
     for start, stop in cache_blocks(count, codes.device):
         pack_into(codes[start:stop], width, out, start, count)
     return out
@@ -64,6 +70,8 @@ def unpack(data: torch.Tensor, width: int, count: int) -> torch.Tensor:
     if data.dim() != 1 or data.numel() != packed_nbytes(count, width):
         raise ValueError(f"{count} codes of {width} bits take {packed_nbytes(count, width)} "
                          f"bytes, got {data.numel()}")
+    if count <= HOST_CODES and data.device.type == "cpu":
+        return torch.from_numpy(unpack_host(data.numpy(), width, count))
     out = torch.empty(count, dtype=_code_dtype(width), device=data.device)
     for start, stop in cache_blocks(count, data.device):
         out[start:stop] = unpack_range(data, width, count, start, stop)

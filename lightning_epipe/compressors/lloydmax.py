@@ -78,6 +78,8 @@ P pinned levels.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -106,6 +108,9 @@ MAX_ITERATIONS = 100
 #: levels spent on two elements cost too much (Gaussian, relative error: 3 bits 1.3x,
 #: 1 bit 6x; 4 bits 1.1x, 8 bits 1.0x).
 PIN_ENDS_FROM = 16
+#: Elements up to which the host path finds each one's nearest level by a binary search
+#: (one numpy call; a few compares per element cost more in calls than in data below it).
+SEARCH_BELOW = 1 << 10
 _PREFIX = 4
 
 
@@ -305,19 +310,25 @@ def fit_levels_host(values: np.ndarray, levels_n: int, iterations: int,
     then Lloyd steps (:func:`lloyd_steps`).
     """
     count = values.size
-    starts = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))  # [D]
+    new_value = np.empty(count, dtype=bool)
+    new_value[0] = True
+    np.not_equal(values[1:], values[:-1], out=new_value[1:])
+    starts = new_value.nonzero()[0]                                              # [D]
     distinct = values[starts]
-    freq = np.diff(np.append(starts, count))                                     # [D]
-    heavy = np.flatnonzero(freq * (2 * levels_n) >= count)
+    freq = np.empty_like(starts)                                                 # [D]
+    np.subtract(starts[1:], starts[:-1], out=freq[:-1])
+    freq[-1] = count - starts[-1]
+    heavy = (freq >= -(-count // (2 * levels_n))).nonzero()[0]  # freq * 2L >= count
     pin_ends = levels_n >= PIN_ENDS_FROM
     limit = min(levels_n // 2, levels_n - 2) if pin_ends else levels_n // 2
     if heavy.size > limit:
         heavy = np.sort(heavy[np.argsort(-freq[heavy], kind="stable")[:limit]])
-    spikes = distinct[heavy].astype(np.float64)
-    if pin_ends:
-        spikes = np.unique(np.concatenate([spikes, values[[0, -1]].astype(np.float64)]))
-    spikes_n = spikes.size                                                       # P
-    free = ~np.isin(distinct, spikes)
+    free = np.ones(distinct.size, dtype=bool)                                    # [D]
+    free[heavy] = False
+    if pin_ends:  # the min and max: the first and last distinct values
+        free[[0, -1]] = False
+    spikes = distinct[~free].astype(np.float64)                                  # [P] sorted
+    spikes_n = spikes.size
     mean = distinct[free].astype(np.float64)                                     # [E]
     weight = freq[free].astype(np.float64)                                       # [E]
     free_n = levels_n - spikes_n
@@ -339,12 +350,20 @@ def fit_levels_host(values: np.ndarray, levels_n: int, iterations: int,
 def _density_host(mean: np.ndarray, weight: np.ndarray, cell: float) -> np.ndarray:
     """``_density`` on the host: [E] weight per unit over ``NEIGHBOURS`` points on either
     side (over at least ``cell``)."""
-    cells_n = mean.size
-    at = np.arange(cells_n)
-    first = np.maximum(at - NEIGHBOURS, 0)
-    last = np.minimum(at + NEIGHBOURS, cells_n - 1)
-    below = np.concatenate([[0.0], np.cumsum(weight)])                           # [E+1]
+    first, last = _neighbourhoods(mean.size)
+    below = np.zeros(mean.size + 1)                                              # [E+1]
+    np.cumsum(weight, out=below[1:])
     return (below[last + 1] - below[first]) / np.maximum(mean[last] - mean[first], cell)
+
+
+@functools.lru_cache(maxsize=8)
+def _neighbourhoods(cells_n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first [E], last [E]): the ends of each point's ``NEIGHBOURS`` on either side, read only;
+    cached (a stream sends one shape over and over, and E is its distinct values)."""
+    at = np.arange(cells_n)
+    first, last = np.maximum(at - NEIGHBOURS, 0), np.minimum(at + NEIGHBOURS, cells_n - 1)
+    first.flags.writeable = last.flags.writeable = False
+    return first, last
 
 
 def _spread_host(weight: np.ndarray, n: int) -> np.ndarray:
@@ -356,7 +375,11 @@ def _spread_host(weight: np.ndarray, n: int) -> np.ndarray:
     targets_n = n
     for _ in range(8):
         targets = (np.arange(targets_n) + 0.5) * (below[-1] / targets_n)
-        chosen = np.unique(np.minimum(np.searchsorted(below, targets), cells_n - 1))
+        hit = np.minimum(below.searchsorted(targets), cells_n - 1)              # non-decreasing
+        distinct = np.empty(hit.size, dtype=bool)
+        distinct[0] = True
+        np.not_equal(hit[1:], hit[:-1], out=distinct[1:])
+        chosen = hit[distinct]
         got = chosen.size
         if got >= n:
             break
@@ -443,12 +466,18 @@ def lloyd_steps(points: np.ndarray, weight: np.ndarray, levels: np.ndarray,
     np.cumsum(points * weight, out=below[1, 1:])
     edges = np.empty(levels.size + 1, dtype=np.int64)                            # [L+1]
     edges[0], edges[-1] = 0, points.size
-    free = np.ones(levels.size, dtype=bool) if fixed is None else ~fixed
+    free = None if fixed is None or not fixed.any() else ~fixed
+    midpoints = np.empty(levels.size - 1)                                        # [L-1]
     for _ in range(iterations):
-        edges[1:-1] = np.searchsorted(points, (levels[1:] + levels[:-1]) * 0.5)
-        at = below[:, edges]                                                     # [2, L+1]
-        n, s = at[:, 1:] - at[:, :-1]                                            # [L] each
-        moved = np.where((n > 0) & free, s / np.maximum(n, 1e-300), levels)
+        np.add(levels[1:], levels[:-1], out=midpoints)
+        midpoints *= 0.5
+        edges[1:-1] = points.searchsorted(midpoints)
+        at = below.take(edges, axis=1)                                           # [2, L+1]
+        n, s = np.subtract(at[:, 1:], at[:, :-1])                                # [L] each
+        move = n > 0
+        if free is not None:
+            move &= free
+        moved = np.divide(s, n, out=levels.copy(), where=move)  # a level without points stays
         if (moved == levels).all():
             break
         levels = moved
@@ -460,9 +489,9 @@ def nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:
     i.e. the number of midpoints below each value: uint8 for L <= 256, else int32."""
     cuts = (levels[1:] + levels[:-1]) / 2                                        # [L-1]
     x = x.astype(np.float64, copy=False)  # a value on a level is never past its midpoint
-    if cuts.size > 15:
+    if cuts.size > 15 or x.size <= SEARCH_BELOW:
         return np.searchsorted(cuts, x).astype(np.uint8 if levels.size <= 256 else np.int32)
     codes = np.zeros(x.size, dtype=np.uint8)
-    for cut in cuts:  # 15 branch-free compares beat a binary search per element
+    for cut in cuts:  # 15 branch-free compares beat a binary search per element, from a few thousand
         codes += x > cut
     return codes

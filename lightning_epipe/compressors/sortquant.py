@@ -11,10 +11,11 @@ exact value is within a step of its bucket instead of half a step.
 
 Two ways to find the buckets (``boundaries``):
 
-- ``"exact"`` (and every tensor of at most ``EXACT_BELOW`` elements, in numpy: a sort of
-  the values, each element's rank bucket by comparison with the bucket starts): a stable
-  sort; bucket k holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``,
-  so counts differ by at most one even with ties, and bucket k spans
+- ``"exact"`` (and every tensor of at most ``EXACT_BELOW`` elements, in numpy: a stable
+  argsort up to ``ARGSORT_BELOW`` elements, above it a sort of the values and each
+  element's rank bucket by comparison with the bucket starts): a stable sort; bucket k
+  holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``, so counts differ by at most one
+  even with ties, and bucket k spans
   ``[min_k, max_k]`` with ``2**Q`` levels: ``|x - y| <= step_k / 2``. 60-130x the time
   of uniform quantization on 2 CPU cores (the sort; ``benchmarks/compressors.py``).
 - ``"estimated"`` (default): no sort. A uniform grid of ``GRID`` cells spans
@@ -51,7 +52,7 @@ from .sampling import strided_sample
 from .packet import Packet
 from .registry import register_compressor
 
-__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW"]
+__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW", "ARGSORT_BELOW"]
 
 #: Cells of the uniform grid that estimated boundaries are snapped to.
 GRID = 1 << 16
@@ -63,8 +64,11 @@ SAMPLE = 1 << 13
 #: values on the host costs no more than the estimated path's fixed cost (its two per-cell
 #: tables of ``GRID`` cells, the sample's partial sort); the two cost the same at 4096.
 EXACT_BELOW = 1 << 12
+#: Small tensors up to which the host path takes the stable sort's permutation: numpy's
+#: stable argsort costs ~4x its sort at 512 float32 values and ~25x at 4096 (encodes cross
+#: over between 512 and 1024 elements).
+ARGSORT_BELOW = 1 << 9
 BOUNDARIES = ("estimated", "exact")
-_CPU = torch.device("cpu")
 
 
 def default_split(bits: int) -> int:
@@ -144,23 +148,33 @@ class SortQuant(Compressor):
 
     def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
         """``_encode_exact`` on the host (numpy): for a few thousand values, a handful of
-        numpy calls cost less than the same number of tensor ops. No argsort (several
-        times the cost of a sort): each element finds its bucket by comparison with the
-        values at the bucket starts (``_rank_buckets``); the few exact values find their
-        codes in Python floats (``_exact_codes``). Same codes, bit for bit."""
+        numpy calls cost less than the same number of tensor ops. Up to ``ARGSORT_BELOW``
+        elements, the stable sort's permutation (as the torch path); above, no argsort
+        (many times the cost of a sort there): each element finds its bucket by comparison
+        with the values at the bucket starts (``_rank_buckets``) and the few exact values
+        find their codes in Python floats (``_exact_codes``). Same codes, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
-        values = np.sort(x)                                                      # [N]
+        order = np.argsort(x, kind="stable") if count <= ARGSORT_BELOW else None  # [N]
+        values = np.sort(x) if order is None else x[order]                       # [N]
         first, last = float(values[0]), float(values[-1])
         self.raise_if_nonfinite(flat, probe=last - first)  # NaN sorts last
         starts = _starts(count, buckets)
         lo, step = _bucket_tables(values[_end_ranks(count, buckets)], starts, q_bits)
         lo32 = lo.astype(np.float32)
         step32 = np.where(step > 0, step, 1.0).astype(np.float32)
-        bucket = _rank_buckets(x, values, starts)                                # [N] int32
-        codes = _host_bucket_codes(x, bucket, lo32, step32, q_bits)               # [N] int32
         exact = exact_candidates(first, last, x, ordered=values)
-        pairs = _exact_codes(exact, values, starts, lo32, step32, q_bits)
+        if order is None:
+            bucket = _rank_buckets(x, values, starts)                            # [N] int32
+            codes = _host_bucket_codes(x, bucket, lo32, step32, q_bits)           # [N] int32
+            pairs = _exact_codes(exact, values, starts, lo32, step32, q_bits)
+        else:
+            sorted_codes = _host_bucket_codes(values, _bucket_of_rank_host(count, buckets), lo32, step32,
+                                              q_bits, _rank_offsets(count, buckets, q_bits))  # [N] int32
+            codes = np.empty_like(sorted_codes)
+            codes[order] = sorted_codes
+            pairs = _exact_in_runs(exact.tolist(), _runs(values, exact), starts,
+                                   lambda at: [sorted_codes.item(rank) for rank in at])
         head = levels_head(self.bits, self.split, lo, step, pairs, flat.dtype)
         return host_payload(head, codes, self.bits).to(flat.device)
 
@@ -253,12 +267,14 @@ def _bucket_of_rank(count: int, buckets: int, device: torch.device) -> torch.Ten
     return (rank * buckets) // count
 
 
-def _starts(count: int, buckets: int) -> list[int]:
-    """[K+1] first ranks of the buckets: bucket k holds ranks [ceil(k N / K), ceil((k+1) N / K))."""
-    return [(k * count + buckets - 1) // buckets for k in range(buckets + 1)]
+@functools.lru_cache(maxsize=16)
+def _starts(count: int, buckets: int) -> tuple[int, ...]:
+    """[K+1] first ranks of the buckets: bucket k holds ranks [ceil(k N / K), ceil((k+1) N / K));
+    cached: a stream sends one shape over and over."""
+    return tuple((k * count + buckets - 1) // buckets for k in range(buckets + 1))
 
 
-def _ends(starts: list[int]) -> list[int]:
+def _ends(starts: tuple[int, ...]) -> list[int]:
     """[2K] ranks of each bucket's first element, then of each bucket's last."""
     count = starts[-1]
     return [min(s, count - 1) for s in starts[:-1]] + [max(s - 1, 0) for s in starts[1:]]
@@ -274,26 +290,26 @@ def _end_ranks(count: int, buckets: int) -> np.ndarray:
 
 
 def _host_bucket_codes(v: np.ndarray, bucket: np.ndarray, lo32: np.ndarray, step32: np.ndarray,
-                       q_bits: int) -> np.ndarray:
+                       q_bits: int, offsets: np.ndarray | None = None) -> np.ndarray:
     """Codes of values ``v`` [n] in buckets ``bucket`` [n] int32: ``clamp(rint((v - lo) / step))
-    + bucket * 2**Q`` in float32, as the torch path computes them -> [n] int32."""
+    + bucket * 2**Q`` in float32, as the torch path computes them -> [n] int32.
+    offsets: ``bucket << Q`` [n] int32, where the caller has it."""
     q = np.subtract(v, np.take(lo32, bucket), dtype=np.float32)
     q /= np.take(step32, bucket)
     np.rint(q, out=q)
-    np.clip(q, 0, (1 << q_bits) - 1, out=q)
+    np.maximum(q, 0, out=q)  # NaN stays NaN, as with clip
+    np.minimum(q, (1 << q_bits) - 1, out=q)
     codes = q.astype(np.int32)
-    codes += bucket.astype(np.int32, copy=False) << q_bits
+    codes += bucket.astype(np.int32, copy=False) << q_bits if offsets is None else offsets
     return codes
 
 
-def _exact_codes(exact: np.ndarray, values: np.ndarray, starts: list[int], lo32: np.ndarray,
+def _exact_codes(exact: np.ndarray, values: np.ndarray, starts: tuple[int, ...], lo32: np.ndarray,
                  step32: np.ndarray, q_bits: int) -> list[tuple[int, float]]:
     """(code, value) pairs of the exact values ``exact`` [E] of the sorted ``values`` [N]
     (``_exact_in_runs``), each code computed in Python floats (``float32_code``), or in
     numpy where a value is outside float32's range."""
-    exact_as = exact.astype(values.dtype)  # exact: they are values' own (no float64 copy of values)
-    runs = zip(np.searchsorted(values, exact_as, "left").tolist(),
-               np.searchsorted(values, exact_as, "right").tolist())
+    runs = _runs(values, exact)
     lo, step, top = lo32.tolist(), step32.tolist(), (1 << q_bits) - 1
 
     def codes_at(ranks: list[int]) -> list[int]:
@@ -310,46 +326,88 @@ def _exact_codes(exact: np.ndarray, values: np.ndarray, starts: list[int], lo32:
     return _exact_in_runs(exact.tolist(), runs, starts, codes_at)
 
 
-def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: list[int]) -> np.ndarray:
+#: Thresholds up to which an element's bucket is a sum of comparisons (K-1 passes over
+#: the tensor) rather than a binary search (``searchsorted``, slower per element).
+_COMPARED_THRESHOLDS = 7
+
+
+def _runs(values: np.ndarray, exact: np.ndarray) -> list[tuple[int, int]]:
+    """The run [a, b) of each exact value [E] in the sorted ``values`` [N]."""
+    exact_as = exact.astype(values.dtype)  # exact: they are values' own (no float64 copy of values)
+    return list(zip(np.searchsorted(values, exact_as, "left").tolist(),
+                    np.searchsorted(values, exact_as, "right").tolist()))
+
+
+def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: tuple[int, ...]) -> np.ndarray:
     """The bucket of each element's rank in a stable sort, without the sort's permutation.
 
     x: [N] values; values: [N] x sorted; starts: [K+1] (``_starts``) -> [N] int32. An
-    element reaches bucket k if it is at or above the value t at rank ``starts[k]`` (one
-    ``searchsorted`` over the K-1 thresholds); the elements equal to a t whose run crosses
+    element reaches bucket k if it is at or above the value t at rank ``starts[k]``
+    (#{t <= x} over the K-1 thresholds); the elements equal to a t whose run crosses
     a start take the buckets of their ranks, the j-th of them (in x's order) rank
     ``first rank of t + j``, as the stable sort places them.
     NaN (``check_finite=False``) sorts last and compares false: bucket 0, as with ``x >= t``.
     """
-    inner = [start for start in starts[1:-1] if start < x.size]  # buckets past the end are empty
-    if not inner:
+    inner = _inner_starts(x.size, len(starts) - 1)  # buckets past the end are empty
+    if inner.size == 0:
         return np.zeros(x.size, dtype=np.int32)
     thresholds = values[inner]                                                  # [J] sorted
-    bucket = np.searchsorted(thresholds, x, side="right").astype(np.int32)     # #{t <= x}
-    crossed = set()
-    for start, t in zip(inner, thresholds.tolist()):
-        if values[start - 1] == t and t not in crossed:  # a run of t crosses the start
-            crossed.add(t)
+    if thresholds.size <= _COMPARED_THRESHOLDS:
+        bucket = np.greater_equal(x, thresholds[0]).astype(np.int32)
+        for t in thresholds[1:]:
+            bucket += x >= t
+    else:
+        bucket = np.searchsorted(thresholds, x, side="right").astype(np.int32)  # NaN: past every one
+        if values[-1] != values[-1]:
+            bucket[np.isnan(x)] = 0
+    crossing = values[inner - 1] == thresholds  # a run of t crosses the start
+    if crossing.any():
+        of_rank = _bucket_of_rank_host(x.size, len(starts) - 1)
+        for t in dict.fromkeys(thresholds[crossing].tolist()):
             at = np.flatnonzero(x == t)
             first = int(np.searchsorted(values, t))
-            bucket[at] = _bucket_of_rank(x.size, len(starts) - 1, _CPU).numpy()[first:first + at.size]
-    if values[-1] != values[-1]:  # NaN present: searchsorted puts it past every threshold
-        bucket[np.isnan(x)] = 0
+            bucket[at] = of_rank[first:first + at.size]
     return bucket
 
 
-def _bucket_tables(ends: np.ndarray, starts: list[int],
+@functools.lru_cache(maxsize=16)
+def _inner_starts(count: int, buckets: int) -> np.ndarray:
+    """[J] the buckets' first ranks inside (0, count), read only; cached."""
+    inner = np.asarray([s for s in _starts(count, buckets)[1:-1] if s < count], dtype=np.intp)
+    inner.flags.writeable = False
+    return inner
+
+
+@functools.lru_cache(maxsize=16)
+def _bucket_of_rank_host(count: int, buckets: int) -> np.ndarray:
+    """``_bucket_of_rank`` on the host: [count] int32, read only; cached."""
+    of_rank = ((np.arange(count, dtype=np.int64) * buckets) // count).astype(np.int32)
+    of_rank.flags.writeable = False
+    return of_rank
+
+
+@functools.lru_cache(maxsize=16)
+def _rank_offsets(count: int, buckets: int, q_bits: int) -> np.ndarray:
+    """[count] int32: each rank's bucket ``<< q_bits`` (its codes' offset), read only; cached."""
+    offsets = _bucket_of_rank_host(count, buckets) << q_bits
+    offsets.flags.writeable = False
+    return offsets
+
+
+def _bucket_tables(ends: np.ndarray, starts: tuple[int, ...],
                    q_bits: int) -> tuple[np.ndarray, np.ndarray]:
     """(lo [K], step [K]) float64 from the sorted values at ``_ends(starts)`` [2K]; an empty
-    bucket gets lo 0 and step 0. (Python floats: K is at most a few dozen.)"""
-    ends = ends.tolist()
+    bucket (fewer elements than buckets) gets lo 0 and step 0."""
     k, top = len(starts) - 1, (1 << q_bits) - 1
-    filled = [b > a for a, b in zip(starts, starts[1:])]
-    lo = [v if f else 0.0 for v, f in zip(ends[:k], filled)]
-    step = [(hi - v) / top if f else 0.0 for v, hi, f in zip(ends[:k], ends[k:], filled)]
-    return np.asarray(lo, dtype=np.float64), np.asarray(step, dtype=np.float64)
+    ends = ends.astype(np.float64)
+    lo, step = ends[:k], (ends[k:] - ends[:k]) / top
+    if starts[-1] < k:
+        empty = np.diff(starts) == 0
+        lo[empty], step[empty] = 0.0, 0.0
+    return lo, step
 
 
-def _exact_in_runs(exact: list[float], runs, starts: list[int],
+def _exact_in_runs(exact: list[float], runs, starts: tuple[int, ...],
                    codes_at: Callable[[list[int]], list[int]]) -> list[tuple[int, float]]:
     """(code, value) pairs for exact values of a sorted tensor.
 
