@@ -6,7 +6,8 @@
 
 ``--overhead``: encode + decode microseconds per call (CPU time of the one torch thread,
 so other load on the machine does not count) on ReLU activations [n / 256, 256]
-from 1 KiB to 64 MiB, for every codec of ``OVERHEAD_CODECS``; with ``--baseline REV``
+from 1 KiB to 64 MiB, for every codec of ``OVERHEAD_CODECS``, and encode and decode apart
+up to 16 KiB; with ``--baseline REV``
 the codecs of git revision REV (its ``lightning_epipe/compressors``, loaded under another
 name) are timed in the same rounds, call for call, and the table shows before, after
 and after / before. Writes ``benchmarks/results/compressors_overhead.json`` (``--overhead-out``) with the load
@@ -194,14 +195,17 @@ def load_baseline(rev: str):
     return module.get_compressor
 
 
-def per_call_us(codec, x: torch.Tensor, calls: int) -> float:
-    """Mean encode + decode microseconds over ``calls`` calls, in CPU time of this thread:
-    with one torch thread that is the work of the call, whatever else shares the cores
-    (wall time on a loaded machine also counts the time other processes hold them)."""
+def per_call_us(codec, x: torch.Tensor, calls: int) -> tuple[float, float]:
+    """Mean (encode, decode) microseconds over ``calls`` calls each, in CPU time of this
+    thread: with one torch thread that is the work of the call, whatever else shares the
+    cores (wall time on a loaded machine also counts the time other processes hold them)."""
     start = time.thread_time()
-    for _ in range(calls):
-        codec.decode(codec.encode(x))
-    return 1e6 * (time.thread_time() - start) / calls
+    packets = [codec.encode(x) for _ in range(calls)]
+    encoded = time.thread_time()
+    for packet in packets:
+        codec.decode(packet)
+    decoded = time.thread_time()
+    return 1e6 * (encoded - start) / calls, 1e6 * (decoded - encoded) / calls
 
 
 def overhead(baseline_rev: str | None, rounds: int, budget_s: float) -> dict:
@@ -218,14 +222,17 @@ def overhead(baseline_rev: str | None, rounds: int, budget_s: float) -> dict:
             codecs = {k: make(name, **kwargs) for k, make in makers.items()}
             for c in codecs.values():  # warm up: caches, first-call allocations
                 c.decode(c.encode(x))
-            first = per_call_us(codecs["after"], x, 1)
+            first = sum(per_call_us(codecs["after"], x, 1))
             calls = max(1, min(200, int(budget_s * 1e6 / max(first, 1.0))))
             times = {k: [] for k in codecs}
             for _ in range(rounds):
                 for k, c in codecs.items():
                     times[k].append(per_call_us(c, x, calls))
-            row = {"bytes": nbytes, "codec": label(name, kwargs), "calls": calls,
-                   **{f"{k}_us": statistics.median(v) for k, v in times.items()}}
+            row = {"bytes": nbytes, "codec": label(name, kwargs), "calls": calls}
+            for k, v in times.items():  # medians over the rounds: of the sum, and of each direction
+                row[f"{k}_us"] = statistics.median(encode + decode for encode, decode in v)
+                row[f"{k}_encode_us"] = statistics.median(encode for encode, _ in v)
+                row[f"{k}_decode_us"] = statistics.median(decode for _, decode in v)
             if "before_us" in row:
                 row["ratio"] = row["after_us"] / row["before_us"]
             rows.append(row)
@@ -262,6 +269,28 @@ def overhead_summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: Sizes (bytes) of the small-tensor table, encode and decode apart.
+SMALL_SIZES = [1 << 10, 1 << 12, 1 << 14]
+
+
+def small_summary(rows: list[dict]) -> str:
+    """Per codec, encode and decode us per call of small tensors, with after / before in brackets."""
+    def cell(row: dict | None, direction: str) -> str:
+        if row is None:
+            return "-"
+        us = row[f"after_{direction}_us"]
+        before = row.get(f"before_{direction}_us")
+        return f"{us:.0f} ({us / before:.2f})" if before else f"{us:.0f}"
+
+    heads = [f"{n >> 10} KiB {d}" for n in SMALL_SIZES for d in ("encode", "decode")]
+    lines = ["| codec | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    for codec in dict.fromkeys(r["codec"] for r in rows):
+        at = {r["bytes"]: r for r in rows if r["codec"] == codec}
+        lines.append(f"| {codec} | " + " | ".join(cell(at.get(n), d) for n in SMALL_SIZES
+                                                   for d in ("encode", "decode")) + " |")
+    return "\n".join(lines)
+
+
 def load_line(load: tuple[float, float, float]) -> str:
     return f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} cores)"
 
@@ -275,8 +304,8 @@ def run_overhead(args: argparse.Namespace) -> None:
     result = overhead(args.baseline, args.rounds, args.budget)
     load_end = os.getloadavg()
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
-    summary = overhead_summary(result["rows"])
-    print(summary)
+    summary = [overhead_summary(result["rows"]), small_summary(result["rows"])]
+    print("\n\n".join(summary))
     result.update(load_start=load_start, load_end=load_end, tensor="relu(randn) [n/256, 256]", summary=summary)
     out = Path(__file__).parent / "results" / args.overhead_out
     out.parent.mkdir(parents=True, exist_ok=True)
