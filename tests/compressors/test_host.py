@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import Packet, bitpack, get_compressor, host
+from lightning_epipe.compressors import Packet, bitpack, get_compressor, host, lloydmax
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
 from lightning_epipe.compressors.lloydmax import lloyd_steps, nearest
 from lightning_epipe.compressors.sortquant import _rank_buckets, _starts
@@ -33,6 +33,12 @@ def inputs(n: int, dtype: torch.dtype) -> list[torch.Tensor]:
 def torch_path(monkeypatch) -> None:
     monkeypatch.setattr(host, "HOST_MAX", -1)
     monkeypatch.setattr(bitpack, "HOST_CODES", -1)
+    monkeypatch.setattr(lloydmax, "SORTED_FIT_MAX", -1)
+
+
+def host_threshold(codec: str) -> int:
+    """The most elements of a CPU tensor that ``codec`` encodes on the host."""
+    return lloydmax.SORTED_FIT_MAX if codec == "lloydmax" else host.HOST_MAX
 
 
 @pytest.mark.parametrize("width", range(1, 33))
@@ -70,11 +76,11 @@ def test_host_and_torch_paths_write_and_read_the_same_packets(case, dtype, n, mo
 @pytest.mark.parametrize("case", [("quantize", {"bits": 4}), ("sortquant", {"bits": 8}),
                                   ("lloydmax", {"bits": 4}), ("lloydmax", {"bits": 8})],
                          ids=codec_id)
-@pytest.mark.parametrize("n", [host.HOST_MAX, host.HOST_MAX + 1], ids=["host", "torch"])
+@pytest.mark.parametrize("side", [0, 1], ids=["host", "torch"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_min_max_and_repeats_are_exact_on_both_sides_of_the_threshold(case, n, dtype):
+def test_min_max_and_repeats_are_exact_on_both_sides_of_the_threshold(case, side, dtype):
     name, kwargs = case
-    relu, mask, _, constant = inputs(n, dtype)
+    relu, mask, _, constant = inputs(host_threshold(name) + side, dtype)
     for x in (relu, mask, constant):
         p = get_compressor(name, **kwargs).encode(x)
         y = get_compressor(name, **kwargs).decode(Packet.from_bytes(p.to_bytes()))
@@ -86,8 +92,10 @@ def test_min_max_and_repeats_are_exact_on_both_sides_of_the_threshold(case, n, d
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_lloydmax_host_path_codes_each_value_as_its_nearest_level(bits, dtype):
-    x = torch.randn(1000, generator=torch.Generator().manual_seed(bits)).to(dtype)
+@pytest.mark.parametrize("n", [1000, 20_000], ids=["search", "compare"])  # lloydmax.nearest's two ways
+def test_lloydmax_host_path_codes_each_value_as_its_nearest_level(bits, dtype, n):
+    assert (n <= lloydmax.SEARCH_BELOW) == (n == 1000) and n <= lloydmax.SORTED_FIT_MAX
+    x = torch.randn(n, generator=torch.Generator().manual_seed(bits)).to(dtype)
     c = get_compressor("lloydmax", bits=bits)
     p = c.encode(x)
     codebook = p.payload[4:4 + 4 * (1 << bits)].view(torch.float32).double()
@@ -98,8 +106,9 @@ def test_lloydmax_host_path_codes_each_value_as_its_nearest_level(bits, dtype):
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
-def test_lloydmax_host_path_is_as_good_as_the_torch_path(bits, monkeypatch):
-    x = torch.randn(4000, generator=torch.Generator().manual_seed(0))
+@pytest.mark.parametrize("n", [4000, 30_000])
+def test_lloydmax_host_path_is_as_good_as_the_torch_path(bits, n, monkeypatch):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0))
 
     def error() -> float:
         c = get_compressor("lloydmax", bits=bits)
