@@ -2,11 +2,11 @@
 
 ``L = 2**bits`` levels minimize the squared error of a sample of the tensor; each element
 is coded as (nearly always) its nearest level. Lower error than uniform min-max
-(``quantize``) and equal-count buckets (``sortquant``) at the same bits, no sort of the
-tensor, and decoding is one table lookup per element.
+(``quantize``) and equal-count buckets (``sortquant``) at the same bits, no sort of a
+large tensor, and decoding is one table lookup per element.
 
-Fit (cost independent of N above 16K elements; G cells, ``SAMPLE`` elements, ``L``
-levels):
+Fit of a tensor above ``SORTED_FIT_MAX`` elements, or on an accelerator (cost independent
+of N from there; G cells, ``SAMPLE`` elements, ``L`` levels):
 
 1. ``lo, hi = aminmax(x)``; a uniform grid of G cells spans [lo, hi]: 4 per element,
    1024 to ``GRID`` (``grid.grid_size``), so a small tensor pays for a small grid.
