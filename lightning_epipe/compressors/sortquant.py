@@ -11,8 +11,8 @@ exact value is within a step of its bucket instead of half a step.
 
 Two ways to find the buckets (``boundaries``):
 
-- ``"exact"`` (and every tensor of at most ``EXACT_BELOW`` elements, in numpy: a stable
-  argsort up to ``ARGSORT_BELOW`` elements, above it a sort of the values and each
+- ``"exact"`` (and every CPU tensor of at most ``EXACT_BELOW`` elements, in numpy: a
+  stable argsort up to ``ARGSORT_BELOW`` elements, above it a sort of the values and each
   element's rank bucket by comparison with the bucket starts): a stable sort; bucket k
   holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``, so counts differ by at most one
   even with ties, and bucket k spans
@@ -52,7 +52,7 @@ from .sampling import strided_sample
 from .packet import Packet
 from .registry import register_compressor
 
-__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW", "ARGSORT_BELOW"]
+__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW", "EXACT_BELOW_OTHERWISE", "ARGSORT_BELOW"]
 
 #: Cells of the uniform grid that estimated boundaries are snapped to.
 GRID = 1 << 16
@@ -60,10 +60,14 @@ GRID = 1 << 16
 #: quantile's rank is then off by ~0.5% of N (1 / sqrt(SAMPLE)), which moves the
 #: relative error of 8 bits by under 1% of itself (randn, ReLU, Student-t 3).
 SAMPLE = 1 << 13
-#: Tensors of at most this many elements take exact boundaries: a sort of a few thousand
-#: values on the host costs no more than the estimated path's fixed cost (its two per-cell
-#: tables of ``GRID`` cells, the sample's partial sort); the two cost the same at 4096.
-EXACT_BELOW = 1 << 12
+#: CPU tensors of at most this many elements take exact boundaries, found on the host
+#: (``_encode_small``), where the estimated path's fixed cost (its two per-cell tables of
+#: ``GRID`` cells, the sample's partial sort) is more than a sort: 8 bits at 32768 ReLU or
+#: normal values ~0.5-0.6x its time; the two cross between 65536 and 131072 elements.
+EXACT_BELOW = 1 << 15
+#: The same for tensors on an accelerator (copied to the host and back) and for more than
+#: 8 buckets (found by a binary search per element, slower than the estimated path above).
+EXACT_BELOW_OTHERWISE = 1 << 12
 #: Small tensors up to which the host path takes the stable sort's permutation: numpy's
 #: stable argsort costs ~4x its sort at 512 float32 values and ~25x at 4096 (encodes cross
 #: over between 512 and 1024 elements).
@@ -107,9 +111,17 @@ class SortQuant(Compressor):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1)
-        if self.boundaries == "exact" or flat.numel() <= EXACT_BELOW:
+        if self._small(flat):
+            return self._encode_small(flat)
+        if self.boundaries == "exact":
             return self._encode_exact(flat)
         return self._encode_estimated(flat)
+
+    def _small(self, flat: torch.Tensor) -> bool:
+        """Whether ``flat`` takes exact boundaries on the host (``EXACT_BELOW``)."""
+        few_buckets = (1 << self.split) - 1 <= _COMPARED_THRESHOLDS
+        limit = EXACT_BELOW if flat.device.type == "cpu" and few_buckets else EXACT_BELOW_OTHERWISE
+        return flat.numel() <= min(limit, EXACT_BELOW)
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         levels = read_levels(self, packet)
@@ -118,8 +130,6 @@ class SortQuant(Compressor):
 
     def _encode_exact(self, flat: torch.Tensor) -> torch.Tensor:
         """Stable sort, rank buckets, per-bucket [min, max] with 2**Q - 1 steps."""
-        if flat.numel() <= EXACT_BELOW:
-            return self._encode_small(flat)
         self.raise_if_nonfinite(flat)
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         values, order = torch.sort(flat, stable=True)                           # [N]
