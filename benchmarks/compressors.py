@@ -78,8 +78,8 @@ OVERHEAD_CODECS = [
     ("powersgd", {"rank": 4}),
 ]
 #: Tensor sizes of the overhead table, in bytes of float32.
-OVERHEAD_SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24,
-                  1 << 26]
+OVERHEAD_SIZES = [1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 17, 1 << 18, 1 << 20, 1 << 22,
+                  1 << 24, 1 << 26]
 
 
 def tensors(full: bool) -> dict[str, torch.Tensor]:
