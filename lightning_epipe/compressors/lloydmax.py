@@ -351,36 +351,34 @@ def fit_levels_host(values: np.ndarray, levels_n: int, iterations: int,
 
 def _density_host(mean: np.ndarray, weight: np.ndarray, cell: float) -> np.ndarray:
     """``_density`` on the host: [E] weight per unit over ``NEIGHBOURS`` points on either
-    side (over at least ``cell``)."""
-    below = np.zeros(mean.size + 1)                                              # [E+1]
-    _cumsum(weight, out=below[1:])
-    # point i spans points first = max(i - k, 0) .. last = min(i + k, E - 1): shifted copies
-    return ((_shifted(below[1:], NEIGHBOURS) - _shifted(below[:-1], -NEIGHBOURS))
-            / np.maximum(_shifted(mean, NEIGHBOURS) - _shifted(mean, -NEIGHBOURS), cell))
+    side (over at least ``cell``).
 
-
-def _shifted(a: np.ndarray, by: int) -> np.ndarray:
-    """``a[clip(i + by, 0, E - 1)]`` for every i: [E] -> [E] (slices, not a gather)."""
-    out = np.empty_like(a)
-    n = a.size
-    if n == 0:
-        return out
-    if by >= 0:
-        k = min(by, n)
-        out[:n - k] = a[k:]
-        out[n - k:] = a[-1]
-    else:
-        k = min(-by, n)
-        out[k:] = a[:n - k]
-        out[:k] = a[0]
-    return out
+    Point i spans points ``max(i - k, 0) .. min(i + k, E - 1)``: with the prefix sums and the
+    points padded by k copies of their ends, both ends of every span are slices (no gather).
+    """
+    n, k = mean.size, NEIGHBOURS
+    below = np.empty(n + 1 + 2 * k)                     # [k zeros | 0, prefix sums | k copies of the total]
+    below[:k + 1] = 0.0
+    _cumsum(weight, out=below[k + 1:k + 1 + n])
+    below[k + 1 + n:] = below[k + n]
+    points = np.empty(n + 2 * k)                        # [k copies of mean[0] | mean | k of mean[-1]]
+    points[k:k + n] = mean
+    if n:
+        points[:k], points[k + n:] = mean[0], mean[-1]
+    return (below[2 * k + 1:2 * k + 1 + n] - below[:n]) / np.maximum(points[2 * k:2 * k + n] - points[:n], cell)
 
 
 def _cumsum(a: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``np.cumsum(a, out=out)`` by torch's kernel: the same sequential float64 sums, ~4x faster
-    on CPU than numpy's for tens of thousands of values. a, out: [E] float64."""
+    """``np.cumsum(a, out=out)``, by torch's kernel above a few thousand values: the same
+    sequential float64 sums, ~4x faster on CPU at tens of thousands. a, out: [E] float64."""
+    if a.size <= _NUMPY_CUMSUM_MAX:
+        return np.cumsum(a, out=out)
     torch.cumsum(torch.from_numpy(a), 0, out=torch.from_numpy(out))
     return out
+
+
+#: Values up to which numpy's cumsum runs (torch's call costs a few microseconds more).
+_NUMPY_CUMSUM_MAX = 1 << 12
 
 
 def _spread_host(weight: np.ndarray, n: int) -> np.ndarray:
