@@ -368,6 +368,10 @@ def _density_host(mean: np.ndarray, weight: np.ndarray, cell: float) -> np.ndarr
     return (below[2 * k + 1:2 * k + 1 + n] - below[:n]) / np.maximum(points[2 * k:2 * k + n] - points[:n], cell)
 
 
+#: Values up to which numpy's cumsum runs (torch's call costs a few microseconds more).
+_NUMPY_CUMSUM_MAX = 1 << 12
+
+
 def _cumsum(a: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``np.cumsum(a, out=out)``, by torch's kernel above a few thousand values: the same
     sequential float64 sums, ~4x faster on CPU at tens of thousands. a, out: [E] float64."""
@@ -375,10 +379,6 @@ def _cumsum(a: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.cumsum(a, out=out)
     torch.cumsum(torch.from_numpy(a), 0, out=torch.from_numpy(out))
     return out
-
-
-#: Values up to which numpy's cumsum runs (torch's call costs a few microseconds more).
-_NUMPY_CUMSUM_MAX = 1 << 12
 
 
 def _spread_host(weight: np.ndarray, n: int) -> np.ndarray:

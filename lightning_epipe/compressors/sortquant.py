@@ -15,9 +15,9 @@ Two ways to find the buckets (``boundaries``):
   stable argsort up to ``ARGSORT_BELOW`` elements, above it a sort of the values and each
   element's rank bucket by comparison with the bucket starts): a stable sort; bucket k
   holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``, so counts differ by at most one
-  even with ties, and bucket k spans
-  ``[min_k, max_k]`` with ``2**Q`` levels: ``|x - y| <= step_k / 2``. 60-130x the time
-  of uniform quantization on 2 CPU cores (the sort; ``benchmarks/compressors.py``).
+  even with ties, and bucket k spans ``[min_k, max_k]`` with ``2**Q`` levels:
+  ``|x - y| <= step_k / 2``. On the torch path 60-130x the time of uniform quantization
+  on 2 CPU cores (the sort; ``benchmarks/compressors.py``).
 - ``"estimated"`` (default): no sort. A uniform grid of ``GRID`` cells spans
   [min, max]; each of the K-1 boundaries goes on the grid line nearest to its quantile
   in a strided sample of ``SAMPLE`` elements (a partial sort of the sample, O(M)). Each
@@ -52,7 +52,8 @@ from .sampling import strided_sample
 from .packet import Packet
 from .registry import register_compressor
 
-__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW", "EXACT_BELOW_OTHERWISE", "ARGSORT_BELOW"]
+__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW", "EXACT_BELOW_OTHERWISE",
+           "ARGSORT_BELOW"]
 
 #: Cells of the uniform grid that estimated boundaries are snapped to.
 GRID = 1 << 16
@@ -157,8 +158,8 @@ class SortQuant(Compressor):
         return payload
 
     def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
-        """``_encode_exact`` on the host (numpy): for a few thousand values, a handful of
-        numpy calls cost less than the same number of tensor ops. Up to ``ARGSORT_BELOW``
+        """``_encode_exact`` on the host (numpy): up to tens of thousands of values, a handful
+        of numpy calls cost less than the tensor path's ops. Up to ``ARGSORT_BELOW``
         elements, the stable sort's permutation (as the torch path); above, no argsort
         (many times the cost of a sort there): each element finds its bucket by comparison
         with the values at the bucket starts (``_rank_buckets``) and the few exact values
