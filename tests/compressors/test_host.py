@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import Packet, bitpack, get_compressor, host, lloydmax
+from lightning_epipe.compressors import Packet, bitpack, get_compressor, host, lloydmax, sortquant
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
 from lightning_epipe.compressors.lloydmax import lloyd_steps, nearest
 from lightning_epipe.compressors.sortquant import _rank_buckets, _starts
@@ -34,11 +34,12 @@ def torch_path(monkeypatch) -> None:
     monkeypatch.setattr(host, "HOST_MAX", -1)
     monkeypatch.setattr(bitpack, "HOST_CODES", -1)
     monkeypatch.setattr(lloydmax, "SORTED_FIT_MAX", -1)
+    monkeypatch.setattr(sortquant, "EXACT_BELOW", -1)
 
 
 def host_threshold(codec: str) -> int:
-    """The most elements of a CPU tensor that ``codec`` encodes on the host."""
-    return lloydmax.SORTED_FIT_MAX if codec == "lloydmax" else host.HOST_MAX
+    """The most elements of a CPU tensor that ``codec`` (at most 8 buckets) encodes on the host."""
+    return {"lloydmax": lloydmax.SORTED_FIT_MAX, "sortquant": sortquant.EXACT_BELOW}.get(codec, host.HOST_MAX)
 
 
 @pytest.mark.parametrize("width", range(1, 33))
