@@ -7,7 +7,9 @@ crosses a cut hundreds of times a second). A CPU tensor of at most ``HOST_MAX`` 
 is read through a zero-copy ``.numpy()`` view (float16 and bfloat16 widened to float32,
 exactly) and its payload is written in numpy; the wire format is the one the torch path
 writes, and a codec's guarantees hold on both paths. CUDA tensors, and larger ones, take
-the torch path.
+the torch path; ``lloydmax`` and ``sortquant``, whose host paths sort the values where
+their default torch paths build grids, keep to the host up to their own, larger limits
+(``lloydmax.SORTED_FIT_MAX``, ``sortquant.EXACT_BELOW``).
 
 Shape legend: N elements.
 """
