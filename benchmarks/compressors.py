@@ -253,20 +253,9 @@ SUMMARY_SIZES = [1 << 10, 1 << 14, 1 << 18, 1 << 22, 1 << 26]
 
 
 def overhead_summary(rows: list[dict]) -> str:
-    """Per codec, us per call at ``SUMMARY_SIZES`` (ms from 1 ms on), with after / before in brackets."""
-    def cell(row: dict | None) -> str:
-        if row is None:
-            return "-"
-        us = row["after_us"]
-        text = f"{us / 1e3:.0f} ms" if us >= 1e4 else f"{us:.0f}"
-        return f"{text} ({row['ratio']:.2f})" if "ratio" in row else text
-
+    """Per codec, us per call at ``SUMMARY_SIZES`` (ms from 10 ms on), with after / before in brackets."""
     sizes = [f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" for n in SUMMARY_SIZES]
-    lines = ["| codec | " + " | ".join(sizes) + " |", "|---|" + "---:|" * len(sizes)]
-    for codec in dict.fromkeys(r["codec"] for r in rows):
-        at = {r["bytes"]: r for r in rows if r["codec"] == codec}
-        lines.append(f"| {codec} | " + " | ".join(cell(at.get(n)) for n in SUMMARY_SIZES) + " |")
-    return "\n".join(lines)
+    return _per_codec_table(rows, [(size, n, "") for size, n in zip(sizes, SUMMARY_SIZES)])
 
 
 #: Sizes (bytes) of the small-tensor table, encode and decode apart.
@@ -275,19 +264,25 @@ SMALL_SIZES = [1 << 10, 1 << 12, 1 << 14]
 
 def small_summary(rows: list[dict]) -> str:
     """Per codec, encode and decode us per call of small tensors, with after / before in brackets."""
-    def cell(row: dict | None, direction: str) -> str:
+    return _per_codec_table(rows, [(f"{n >> 10} KiB {d}", n, f"{d}_") for n in SMALL_SIZES
+                                   for d in ("encode", "decode")])
+
+
+def _per_codec_table(rows: list[dict], columns: list[tuple[str, int, str]]) -> str:
+    """A markdown table, a line per codec; ``columns``: (heading, tensor bytes, timing: "" for
+    encode + decode, "encode_" or "decode_")."""
+    def cell(row: dict | None, timing: str) -> str:
         if row is None:
             return "-"
-        us = row[f"after_{direction}_us"]
-        before = row.get(f"before_{direction}_us")
-        return f"{us:.0f} ({us / before:.2f})" if before else f"{us:.0f}"
+        us, before = row[f"after_{timing}us"], row.get(f"before_{timing}us")
+        text = f"{us / 1e3:.0f} ms" if us >= 1e4 else f"{us:.0f}"
+        return f"{text} ({us / before:.2f})" if before else text
 
-    heads = [f"{n >> 10} KiB {d}" for n in SMALL_SIZES for d in ("encode", "decode")]
-    lines = ["| codec | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
+    lines = ["| codec | " + " | ".join(head for head, _, _ in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
     for codec in dict.fromkeys(r["codec"] for r in rows):
         at = {r["bytes"]: r for r in rows if r["codec"] == codec}
-        lines.append(f"| {codec} | " + " | ".join(cell(at.get(n), d) for n in SMALL_SIZES
-                                                   for d in ("encode", "decode")) + " |")
+        lines.append(f"| {codec} | " + " | ".join(cell(at.get(n), timing) for _, n, timing in columns) + " |")
     return "\n".join(lines)
 
 

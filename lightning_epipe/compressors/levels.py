@@ -120,7 +120,6 @@ def levels_head(bits: int, split: int, lo: Sequence[float], step: Sequence[float
     """
     lo32 = np.asarray(lo, dtype=np.float32)
     step32 = np.asarray(step, dtype=np.float32)
-    lo_of, step_of = (lo32.tolist(), step32.tolist()) if lo32.size <= _SMALL_TABLE else (lo32, step32)
     q_bits = bits - split
     codes, values, seen = [], [], set()
     for code, value in exact:
@@ -128,7 +127,7 @@ def levels_head(bits: int, split: int, lo: Sequence[float], step: Sequence[float
             continue
         seen.add(code)
         k = code >> q_bits  # the level as lookup computes it, in float64, then rounded
-        level = float(lo_of[k]) + (code & ((1 << q_bits) - 1)) * float(step_of[k])
+        level = float(lo32[k]) + (code & ((1 << q_bits) - 1)) * float(step32[k])
         if _rounded(level, dtype) != value:
             codes.append(int(code))
             values.append(float(value))

@@ -392,7 +392,7 @@ def _inner_starts(count: int, buckets: int) -> np.ndarray:
 @functools.lru_cache(maxsize=16)
 def _bucket_of_rank_host(count: int, buckets: int) -> np.ndarray:
     """``_bucket_of_rank`` on the host: [count] int32, read only; cached."""
-    of_rank = ((np.arange(count, dtype=np.int64) * buckets) // count).astype(np.int32)
+    of_rank = _bucket_of_rank(count, buckets, torch.device("cpu")).numpy().astype(np.int32)
     of_rank.flags.writeable = False
     return of_rank
 
