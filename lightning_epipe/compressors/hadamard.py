@@ -21,6 +21,10 @@ Encode, for N elements cut into R = ceil(N / n) blocks of n = ``block`` (zero pa
 Decode: ``x = 2**e * s * H (sigma_r * level[code])`` (H is its own inverse), cropped to N
 and clamped to the dtype's finite range.
 
+A finite CPU tensor of at most ``host.HOST_MAX`` elements fits its levels, codes and checks
+in numpy (``host.py``): the same payload bit for bit, in a few calls instead of a few
+dozen; the rotation stays a torch product on every path.
+
 Payload (little-endian)::
 
     [seed i32][log2(block) i32][bits i32][e i32] | L float32 levels, sorted |
@@ -44,11 +48,13 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .bitpack import pack, packed_nbytes, unpack
-from .packet import Packet, bytes_as
+from .bitpack import pack, packed_nbytes, unpack, unpack_host
+from .host import host_payload, on_host
+from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
 from .sampling import fit_sample_size
 
@@ -120,8 +126,9 @@ class HadamardQuant(Compressor):
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         flat = x.reshape(-1).to(work)
-        self.raise_if_nonfinite(flat)
-        exponent = int(torch.frexp(flat.abs().max()).exponent)                    # max |x| < 2**exponent
+        top = float(flat.abs().max())                                             # NaN or Inf if any is
+        self.raise_if_nonfinite(flat, probe=top)
+        exponent = math.frexp(top)[1]                                             # max |x| < 2**exponent
         seed = (self.seed + self._encodes) % (1 << 31)
         self._encodes += 1
         n, levels_n = self.block, 1 << self.bits
@@ -133,11 +140,13 @@ class HadamardQuant(Compressor):
         sigma = z.square().mean(dim=1).sqrt().to(torch.bfloat16)                  # [R], <= 1
         safe = torch.where(sigma > 0, sigma, 1).float()
         u = (z / safe[:, None]).view(-1)                                          # [R * n]
+        meta = (seed, n.bit_length() - 1, self.bits, exponent)
+        if on_host(flat.numel(), x.device) and math.isfinite(top):
+            return _codes_host(meta, u.numpy(), sigma, self.bits, self.iterations)
         levels = fit_levels(_sample(u, fit_sample_size(levels_n, SAMPLE)), levels_n, self.iterations)  # [L]
         codes = _nearest(u, levels)
-        meta = torch.tensor([seed, n.bit_length() - 1, self.bits, exponent], dtype=torch.int32)
         return torch.cat([
-            meta.view(torch.uint8).to(x.device),
+            torch.tensor(meta, dtype=torch.int32).view(torch.uint8).to(x.device),
             levels.float().view(torch.uint8),
             sigma.view(torch.uint8),
             pack(codes, self.bits),
@@ -146,7 +155,7 @@ class HadamardQuant(Compressor):
     def _decode(self, packet: Packet) -> torch.Tensor:
         payload, numel = packet.payload, packet.shape.numel()
         self.expect_packet(packet, payload.numel() >= _META, f"payload shorter than its {_META}-byte prefix")
-        seed, log2_block, bits, exponent = bytes_as(payload[:_META], torch.int32).tolist()
+        seed, log2_block, bits, exponent = host_bytes(payload, _META).view("<i4").tolist()
         self.expect_packet(packet, 2 <= bits <= 8 and 1 <= log2_block <= MAX_LOG2_BLOCK and seed >= 0
                      and abs(exponent) <= 1100, f"bad prefix (seed {seed}, log2 block {log2_block}, "
                      f"bits {bits}, exponent {exponent})")
@@ -156,13 +165,19 @@ class HadamardQuant(Compressor):
         self.expect_packet(packet, payload.numel() == expected,
                      f"{bits}-bit codes in blocks of {n} take {expected} payload bytes")
         at = _META + 4 * levels_n
-        levels = bytes_as(payload[_META:at], torch.float32)
         sigma = bytes_as(payload[at: at + 2 * rows], torch.bfloat16).float()
-        self.expect_packet(packet, bool(torch.isfinite(levels).all() and torch.isfinite(sigma).all()
-                                  and (sigma >= 0).all() and (sigma <= 1).all()),
-                     "levels not finite or scales outside [0, 1]")
-        codes = unpack(payload[at + 2 * rows:], bits, rows * n).long()
-        z = levels[codes].view(rows, n) * sigma[:, None]
+        if on_host(numel, payload.device):  # numpy checks and gather: a few calls, not a few dozen
+            raw = payload.numpy()
+            levels, scales = raw[_META:at].view("<f4"), sigma.numpy()
+            valid = bool(np.isfinite(levels).all() and (scales >= 0).all() and (scales <= 1).all())
+            codes = unpack_host(raw[at + 2 * rows:], bits, rows * n)
+            z = torch.from_numpy(levels[codes].reshape(rows, n) * scales[:, None])
+        else:
+            levels = bytes_as(payload[_META:at], torch.float32)
+            valid = bool(torch.isfinite(levels).all() and (sigma >= 0).all() and (sigma <= 1).all())
+            codes = unpack(payload[at + 2 * rows:], bits, rows * n).long()
+            z = levels[codes].view(rows, n) * sigma[:, None]
+        self.expect_packet(packet, valid, "levels not finite or scales outside [0, 1]")
         x = (hadamard_transform(z) * random_signs(seed, n, payload.device)).view(-1)[:numel]
         work = torch.float64 if packet.dtype == torch.float64 else torch.float32
         x = torch.ldexp(x.to(work), torch.tensor(exponent, dtype=work, device=x.device))
@@ -234,6 +249,40 @@ def fit_levels(sample: torch.Tensor, levels_n: int, iterations: int) -> torch.Te
     return levels
 
 
+def _codes_host(meta: tuple[int, ...], u: np.ndarray, sigma: torch.Tensor, bits: int, iterations: int) -> torch.Tensor:
+    """The host path's levels, codes and payload (``host.py``), bit for bit the torch path's.
+    u: [R * n] float32, finite; sigma: [R] bfloat16 -> uint8 payload."""
+    levels_n = 1 << bits
+    levels = fit_levels_host(_sample(u, fit_sample_size(levels_n, SAMPLE)), levels_n, iterations)   # [L]
+    cuts = (levels[1:] + levels[:-1]) / 2                                         # [L-1] float32, as _nearest
+    head = np.array(meta, dtype="<i4").tobytes() + levels.tobytes() + sigma.view(torch.uint8).numpy().tobytes()
+    return host_payload(head, np.searchsorted(cuts, u), bits)  # the number of cuts below: _nearest's code
+
+
+def fit_levels_host(sample: np.ndarray, levels_n: int, iterations: int) -> np.ndarray:
+    """:func:`fit_levels` in numpy: sample [M] float32, finite -> [L] float32, the same levels."""
+    levels = normal_levels(levels_n).numpy()
+    values = np.sort(sample)
+    prefix = np.zeros(values.size + 1)
+    values.astype(np.float64).cumsum(out=prefix[1:])    # sequential float64 sums, as torch's
+    edges = np.empty(levels_n + 1, dtype=np.int64)      # [L+1] each level's first and last rank
+    edges[0], edges[-1] = 0, values.size
+    cuts = np.empty(levels_n - 1, dtype=np.float32)
+    for _ in range(iterations):
+        np.add(levels[1:], levels[:-1], out=cuts)
+        cuts /= 2
+        edges[1:-1] = values.searchsorted(cuts)
+        at = prefix[edges]
+        counts = edges[1:] - edges[:-1]
+        moved = ((at[1:] - at[:-1]) / np.maximum(counts, 1)).astype(np.float32)
+        if not counts.all():
+            moved[counts == 0] = levels[counts == 0]  # a level without values stays
+        if (moved == levels).all():
+            break
+        levels = moved
+    return levels
+
+
 @functools.lru_cache(maxsize=None)
 def normal_levels(levels_n: int) -> torch.Tensor:
     """[L] Lloyd-Max levels of a standard normal (Max 1960: 0.1284 ... 2.7326 for L = 16).
@@ -255,8 +304,8 @@ def normal_levels(levels_n: int) -> torch.Tensor:
     return moved.float()
 
 
-def _sample(u: torch.Tensor, size: int) -> torch.Tensor:
+def _sample(u: torch.Tensor | np.ndarray, size: int) -> torch.Tensor | np.ndarray:
     """u: [K] -> at most ``size`` values at an even stride (all of them when K <= size)."""
-    if u.numel() <= size:
+    if len(u) <= size:
         return u
-    return u[:: -(-u.numel() // size)]
+    return u[:: -(-len(u) // size)]

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from lightning_epipe.compressors import HadamardQuant, Packet, PacketError, get_compressor
+from lightning_epipe.compressors import HadamardQuant, Packet, PacketError, get_compressor, hadamard, host
 from lightning_epipe.compressors.hadamard import hadamard_nbytes, hadamard_transform, normal_levels
 from lightning_epipe.compressors.packet import header_nbytes
 
@@ -122,17 +122,32 @@ def corrupt(packet: Packet, at: int, value: int | float) -> Packet:
     (4, 9, "payload bytes"),       # another block size: the length no longer fits
     (16, math.nan, "not finite"),  # level 0 becomes NaN
 ])
-def test_corrupted_prefix_or_codebook_is_a_packet_error(at, value, match):
-    packet = HadamardQuant(bits=4).encode(torch.randn(2000))
+@pytest.mark.parametrize("n", [2000, 5000], ids=["host", "torch"])
+def test_corrupted_prefix_or_codebook_is_a_packet_error(at, value, match, n):
+    packet = HadamardQuant(bits=4).encode(torch.randn(n))
     with pytest.raises(PacketError, match=match):
         HadamardQuant().decode(corrupt(packet, at, value))
 
 
-def test_scale_outside_zero_one_is_a_packet_error():
-    packet = HadamardQuant(bits=4).encode(torch.randn(2000))
+@pytest.mark.parametrize("n", [2000, 5000], ids=["host", "torch"])
+def test_scale_outside_zero_one_is_a_packet_error(n):
+    packet = HadamardQuant(bits=4).encode(torch.randn(n))
     scale_hi_byte = 16 + 4 * 16 + 1
     with pytest.raises(PacketError, match="scales outside"):
         HadamardQuant().decode(corrupt(packet, scale_hi_byte, 0x40))  # bfloat16 >= 2
+
+
+def test_small_finite_cpu_tensors_take_the_host_path(monkeypatch):
+    calls = []
+    real = hadamard._codes_host
+    monkeypatch.setattr(hadamard, "_codes_host", lambda *args: calls.append(1) or real(*args))
+    HadamardQuant(bits=4).encode(torch.randn(host.HOST_MAX))
+    assert calls == [1]
+    HadamardQuant(bits=4).encode(torch.randn(host.HOST_MAX + 1))
+    x = torch.randn(100)
+    x[7] = math.nan
+    HadamardQuant(bits=4, check_finite=False).encode(x)  # unchecked NaN: the torch path
+    assert calls == [1]
 
 
 def test_truncated_payload_is_a_packet_error():
