@@ -53,7 +53,7 @@ import torch
 
 from .base import Compressor, check_int
 from .bitpack import pack, packed_nbytes, unpack, unpack_host
-from .host import host_payload, on_host
+from .host import cumsum_host, host_payload, on_host
 from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
 from .sampling import fit_sample_size
@@ -264,7 +264,7 @@ def fit_levels_host(sample: np.ndarray, levels_n: int, iterations: int) -> np.nd
     levels = normal_levels(levels_n).numpy()
     values = np.sort(sample)
     prefix = np.zeros(values.size + 1)
-    values.astype(np.float64).cumsum(out=prefix[1:])    # sequential float64 sums, as torch's
+    cumsum_host(values.astype(np.float64), out=prefix[1:])  # sequential float64 sums, as torch's
     edges = np.empty(levels_n + 1, dtype=np.int64)      # [L+1] each level's first and last rank
     edges[0], edges[-1] = 0, values.size
     cuts = np.empty(levels_n - 1, dtype=np.float32)

@@ -22,7 +22,7 @@ import torch
 from .bitpack import pack_host, packed_nbytes
 from .exact import host_values
 
-__all__ = ["HOST_MAX", "on_host", "host_array", "host_payload"]
+__all__ = ["HOST_MAX", "on_host", "host_array", "host_payload", "cumsum_host"]
 
 #: Elements of a CPU tensor (16 KiB of float32) up to which codecs take the host path.
 HOST_MAX = 1 << 12
@@ -47,3 +47,16 @@ def host_payload(head: bytes, codes: np.ndarray, bits: int) -> torch.Tensor:
     payload[:len(head)] = np.frombuffer(head, dtype=np.uint8)
     pack_host(codes, bits, payload[len(head):])
     return torch.from_numpy(payload)
+
+
+#: Values up to which numpy's cumsum runs (torch's call costs a few microseconds more).
+_NUMPY_CUMSUM_MAX = 1 << 12
+
+
+def cumsum_host(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``np.cumsum(a, out=out)``, by torch's kernel above a few thousand values: the same
+    sequential float64 sums, ~4x faster on CPU at tens of thousands. a, out: [E] float64."""
+    if a.size <= _NUMPY_CUMSUM_MAX:
+        return np.cumsum(a, out=out)
+    torch.cumsum(torch.from_numpy(a), 0, out=torch.from_numpy(out))
+    return out

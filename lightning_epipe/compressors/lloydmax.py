@@ -86,7 +86,7 @@ from .bitpack import pack_into, packed_nbytes, unpack_host, unpack_range
 from .cache_blocks import cache_blocks
 from .exact import host_values
 from .grid import GRID, Grid, grid_size
-from .host import host_payload, on_host
+from .host import cumsum_host, host_payload, on_host
 from .levels import F32_OVERFLOW
 from .sampling import fit_sample_size, strided_sample
 from .packet import Packet, bytes_as, host_bytes
@@ -359,7 +359,7 @@ def _density_host(mean: np.ndarray, weight: np.ndarray, cell: float) -> np.ndarr
     n, k = mean.size, NEIGHBOURS
     below = np.empty(n + 1 + 2 * k)                     # [k zeros | 0, prefix sums | k copies of the total]
     below[:k + 1] = 0.0
-    _cumsum(weight, out=below[k + 1:k + 1 + n])
+    cumsum_host(weight, out=below[k + 1:k + 1 + n])
     below[k + 1 + n:] = below[k + n]
     points = np.empty(n + 2 * k)                        # [k copies of mean[0] | mean | k of mean[-1]]
     points[k:k + n] = mean
@@ -368,25 +368,12 @@ def _density_host(mean: np.ndarray, weight: np.ndarray, cell: float) -> np.ndarr
     return (below[2 * k + 1:2 * k + 1 + n] - below[:n]) / np.maximum(points[2 * k:2 * k + n] - points[:n], cell)
 
 
-#: Values up to which numpy's cumsum runs (torch's call costs a few microseconds more).
-_NUMPY_CUMSUM_MAX = 1 << 12
-
-
-def _cumsum(a: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``np.cumsum(a, out=out)``, by torch's kernel above a few thousand values: the same
-    sequential float64 sums, ~4x faster on CPU at tens of thousands. a, out: [E] float64."""
-    if a.size <= _NUMPY_CUMSUM_MAX:
-        return np.cumsum(a, out=out)
-    torch.cumsum(torch.from_numpy(a), 0, out=torch.from_numpy(out))
-    return out
-
-
 def _spread_host(weight: np.ndarray, n: int) -> np.ndarray:
     """``_spread`` on the host: indices of ``min(n, E)`` points at equal-weight quantiles."""
     cells_n = weight.size
     if cells_n <= n:
         return np.arange(cells_n)
-    below = _cumsum(weight, np.empty_like(weight))                               # [E]
+    below = cumsum_host(weight, np.empty_like(weight))                           # [E]
     targets_n = n
     for _ in range(8):
         targets = (np.arange(targets_n) + 0.5) * (below[-1] / targets_n)
@@ -477,8 +464,8 @@ def lloyd_steps(points: np.ndarray, weight: np.ndarray, levels: np.ndarray,
     None -> [L] float64.
     """
     below = np.zeros((2, points.size + 1))  # prefix sums of weight and of weight * point
-    _cumsum(weight, out=below[0, 1:])
-    _cumsum(points * weight, out=below[1, 1:])
+    cumsum_host(weight, out=below[0, 1:])
+    cumsum_host(points * weight, out=below[1, 1:])
     edges = np.empty(levels.size + 1, dtype=np.int64)                            # [L+1]
     edges[0], edges[-1] = 0, points.size
     free = None if fixed is None or not fixed.any() else ~fixed

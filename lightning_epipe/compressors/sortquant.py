@@ -121,8 +121,7 @@ class SortQuant(Compressor):
     def _small(self, flat: torch.Tensor) -> bool:
         """Whether ``flat`` takes exact boundaries on the host (``EXACT_BELOW``)."""
         few_buckets = (1 << self.split) - 1 <= _COMPARED_THRESHOLDS
-        limit = EXACT_BELOW if flat.device.type == "cpu" and few_buckets else EXACT_BELOW_OTHERWISE
-        return flat.numel() <= min(limit, EXACT_BELOW)
+        return flat.numel() <= (EXACT_BELOW if flat.device.type == "cpu" and few_buckets else EXACT_BELOW_OTHERWISE)
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         levels = read_levels(self, packet)

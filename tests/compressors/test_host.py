@@ -38,6 +38,7 @@ def torch_path(monkeypatch) -> None:
     monkeypatch.setattr(bitpack, "HOST_CODES", -1)
     monkeypatch.setattr(lloydmax, "SORTED_FIT_MAX", -1)
     monkeypatch.setattr(sortquant, "EXACT_BELOW", -1)
+    monkeypatch.setattr(sortquant, "EXACT_BELOW_OTHERWISE", -1)
 
 
 def host_threshold(codec: str) -> int:
