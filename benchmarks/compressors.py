@@ -19,7 +19,9 @@ gradient-like tensor of each shape (normal times a log-normal scale, heavy-taile
 gradients, ~1e-3). Prints a markdown table and writes ``benchmarks/results/compressors.png``
 and ``compressors.json`` (rows, table, load average before and after).
 Times are the best of ``--repeats`` rounds over all codecs, with ``--threads`` torch threads
-(not a test: numbers vary with the load of the machine).
+(not a test: numbers vary with the load of the machine). ``--device cuda``: the same tensors
+and codecs on the GPU, each call timed to its completion (synchronized), written to
+``compressors_cuda.png`` / ``.json`` beside the CPU's.
 """
 
 from __future__ import annotations
@@ -111,12 +113,16 @@ def measure(x: torch.Tensor, repeats: int) -> list[dict]:
     packets = [codec.encode(x) for codec in codecs]
     encode = [[] for _ in codecs]
     decode = [[] for _ in codecs]
+    sync = (lambda: torch.cuda.synchronize(x.device)) if x.is_cuda else (lambda: None)
     for _ in range(repeats):
         for codec, packet, enc, dec in zip(codecs, packets, encode, decode):
+            sync()
             start = time.perf_counter()
             codec.encode(x)
+            sync()
             middle = time.perf_counter()
             codec.decode(packet)
+            sync()
             enc.append(middle - start)
             dec.append(time.perf_counter() - middle)
     rows = []
@@ -325,22 +331,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per codec (best taken)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch CPU threads (default: all)")
-    parser.add_argument("--out", type=Path,
-                        default=Path(__file__).parent / "results" / "compressors.png")
+    parser.add_argument("--device", default="cpu", help="where the tensors and codecs run, e.g. cuda")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="plot path (default results/compressors.png, compressors_cuda.png on a GPU)")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    if args.out is None:
+        suffix = "" if device.type == "cpu" else f"_{device.type}"
+        args.out = Path(__file__).parent / "results" / f"compressors{suffix}.png"
     torch.set_num_threads(args.threads)
     if args.overhead:
         run_overhead(args)
         return
     load_before = os.getloadavg()
     print(load_line(load_before), flush=True)
-    results = {name: measure(x, args.repeats) for name, x in tensors(args.full).items()}
+    results = {name: measure(x.to(device), args.repeats) for name, x in tensors(args.full).items()}
     text = table(results)
     print(text)
     print(load_line(os.getloadavg()))
     plot(results, args.out)
     data = args.out.with_suffix(".json")
     data.write_text(json.dumps({"load_before": load_line(load_before), "load_after": load_line(os.getloadavg()),
+                                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                                 "threads": torch.get_num_threads(), "repeats": args.repeats, "full": args.full,
                                 "results": results, "table": text}, indent=1))
     print(f"\nwrote {args.out} and {data}")

@@ -1,28 +1,54 @@
 """The CUDA path, where there is a GPU: skipped (with the reason in pytest's summary) elsewhere.
 
-    python -m pytest tests/gpu -rs        # on a machine with 2 GPUs (one GPU runs the last test only)
+    python -m pytest tests/gpu -rs        # NCCL needs 2 GPUs; one GPU runs the rest
 
-Each test starts real processes (``tests/strategy/scenario.py`` with ``--accelerator gpu``) and
-compares with the same training in one CPU process (float tolerance across devices).
+The strategy tests start real processes (``tests/strategy/scenario.py`` with ``--accelerator
+gpu``) and compare with the same training in one CPU process (float tolerance across devices).
+On one GPU, two ranks share it as two one-device "nodes" on loopback, gloo between them
+(NCCL refuses two ranks on one device): the CUDA path of the engine (host-staged frames,
+autocast, codecs on the GPU) end to end. The codec tests encode on the GPU and decode on
+both the GPU and the host.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 
-from tests.helpers import ROOT, run_ranks
+from lightning_epipe.compressors import Packet
+from tests.compressors.cases import CODECS, codec_id, make, sample, ulp_slack
+from tests.helpers import ROOT, free_port, run_ranks
 from tests.strategy.scenario import reference
 
 SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, this machine has {GPUS}")
+one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 
 
 def _train(tmp_path, *args, steps=4):
     out = tmp_path / "result.pt"
     run_ranks(SCRIPT, "--out", out, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu", *args, timeout=300)
     return torch.load(out, weights_only=False, map_location="cpu")
+
+
+def _train_sharing_one_gpu(tmp_path, *args, steps=4):
+    """Two ranks on cuda:0, started as two nodes of one device each (the way a cluster
+    launcher starts them), gloo between them; rank 0's result."""
+    port = str(free_port())
+    common = ("--devices", 1, "--num-nodes", 2, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu",
+              "--backend", "gloo", *args)
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(run_ranks, SCRIPT, "--out", tmp_path / f"node{node}.pt", *common, timeout=300,
+                            env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(node)})
+                for node in (0, 1)]
+        for run in runs:
+            run.result()
+    got = torch.load(tmp_path / "node0.pt", weights_only=False, map_location="cpu")
+    assert got["device"] == "cuda:0"
+    return got
 
 
 def _assert_matches_reference(got, steps=4, rtol=1e-4, atol=1e-5):
@@ -65,3 +91,37 @@ def test_checkpoint_resume_is_exact_on_gpus(tmp_path):
     from tests.strategy.resume import run_and_resume
 
     run_and_resume(tmp_path, "--devices", 2, "--accelerator", "gpu", "--compressor", "powersgd")
+
+
+@one_gpu
+@pytest.mark.parametrize("placement", ["client-server", "chain"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_two_ranks_on_one_gpu_equal_one_process(tmp_path, placement, schedule):
+    got = _train_sharing_one_gpu(tmp_path, "--placement", placement, "--schedule", schedule, "--chunks", 4)
+    _assert_matches_reference(got)
+
+
+@one_gpu
+@pytest.mark.parametrize("codec", ["sortquant", "lloydmax", "hadamard", "powersgd"])
+def test_codecs_train_on_one_gpu_under_bf16_autocast(tmp_path, codec):
+    got = _train_sharing_one_gpu(tmp_path, "--compressor", codec, "--precision", "bf16-mixed", steps=6)
+    assert got["losses"][-1] == pytest.approx(reference(steps=6, batch_size=16).losses[-1], rel=0.05)
+
+
+@one_gpu
+@pytest.mark.parametrize("case", CODECS, ids=codec_id)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape", [(7,), (2, 3, 5), (32, 1024)], ids=str)
+def test_codec_on_cuda_round_trips_like_on_the_host(case, dtype, shape):
+    """A packet encoded on the GPU decodes on the GPU, and the same bytes decode to the same
+    values on the host; its error is the host encoding's, within what a different kernel's
+    rounding (or random draw) moves."""
+    x = sample(shape, dtype)
+    wire = make(case).encode(x.cuda()).to_bytes()
+    y = make(case).decode(Packet.from_bytes(wire))
+    assert y.device.type == "cuda" and y.dtype == dtype and y.shape == x.shape
+    on_host = make(case).decode(Packet.from_bytes(wire.cpu()))
+    torch.testing.assert_close(y.cpu(), on_host, rtol=0, atol=ulp_slack(x))
+    host = make(case).decode(make(case).encode(x))
+    error, host_error = (y.cpu().double() - x.double()).norm(), (host.double() - x.double()).norm()
+    assert error <= 1.25 * host_error + ulp_slack(x) * x.numel() ** 0.5

@@ -263,6 +263,7 @@ def main() -> None:
         predictions = trainer.predict(model, loader(args.batch_size))
         torch.save(
             {"losses": model.losses, "val_losses": model.val_losses, "state_dict": model.state_dict(),
+             "device": str(strategy.root_device),
              "predictions": torch.cat(predictions), "callback_metrics": callback_metrics,
              "stats": {k.label(0): v.as_list() for k, v in strategy.stats.links.items()},
              "auto": strategy.auto_choices,
