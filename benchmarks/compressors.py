@@ -5,7 +5,8 @@
     python benchmarks/compressors.py --overhead --baseline REV   # per-call cost by size
 
 ``--overhead``: encode + decode microseconds per call (CPU time of the one torch thread,
-so other load on the machine does not count) on ReLU activations [n / 256, 256]
+so other load on the machine does not count; with ``--device cuda`` wall time, the calls of a
+round queued back to back and synchronized once at the end) on ReLU activations [n / 256, 256]
 from 1 KiB to 64 MiB, for every codec of ``OVERHEAD_CODECS``, and encode and decode apart
 up to 16 KiB; with ``--baseline REV``
 the codecs of git revision REV (its ``lightning_epipe/compressors``, loaded under another
@@ -202,19 +203,27 @@ def load_baseline(rev: str):
 
 
 def per_call_us(codec, x: torch.Tensor, calls: int) -> tuple[float, float]:
-    """Mean (encode, decode) microseconds over ``calls`` calls each, in CPU time of this
-    thread: with one torch thread that is the work of the call, whatever else shares the
-    cores (wall time on a loaded machine also counts the time other processes hold them)."""
-    start = time.thread_time()
+    """Mean (encode, decode) microseconds over ``calls`` calls each. On the CPU in CPU time of
+    this thread: with one torch thread that is the work of the call, whatever else shares the
+    cores (wall time on a loaded machine also counts the time other processes hold them). On
+    a GPU in wall time up to the end of the last call's kernels."""
+    if x.is_cuda:
+        clock, sync = time.perf_counter, lambda: torch.cuda.synchronize(x.device)
+    else:
+        clock, sync = time.thread_time, lambda: None
+    sync()
+    start = clock()
     packets = [codec.encode(x) for _ in range(calls)]
-    encoded = time.thread_time()
+    sync()
+    encoded = clock()
     for packet in packets:
         codec.decode(packet)
-    decoded = time.thread_time()
+    sync()
+    decoded = clock()
     return 1e6 * (encoded - start) / calls, 1e6 * (decoded - encoded) / calls
 
 
-def overhead(baseline_rev: str | None, rounds: int, budget_s: float) -> dict:
+def overhead(baseline_rev: str | None, rounds: int, budget_s: float, device: torch.device) -> dict:
     """Encode + decode us per call by codec and size; median of ``rounds`` rounds, each
     round timing the baseline and the current codec back to back on the same tensor."""
     makers = {"after": get_compressor}
@@ -223,7 +232,7 @@ def overhead(baseline_rev: str | None, rounds: int, budget_s: float) -> dict:
     g = torch.Generator().manual_seed(0)
     rows = []
     for nbytes in OVERHEAD_SIZES:
-        x = torch.relu(torch.randn(max(1, nbytes // 4 // 256), 256, generator=g))
+        x = torch.relu(torch.randn(max(1, nbytes // 4 // 256), 256, generator=g)).to(device)
         for name, kwargs in OVERHEAD_CODECS:
             codecs = {k: make(name, **kwargs) for k, make in makers.items()}
             for c in codecs.values():  # warm up: caches, first-call allocations
@@ -243,7 +252,11 @@ def overhead(baseline_rev: str | None, rounds: int, budget_s: float) -> dict:
                 row["ratio"] = row["after_us"] / row["before_us"]
             rows.append(row)
             print(overhead_line(row), flush=True)
-    return {"baseline": baseline_rev, "threads": torch.get_num_threads(), "rows": rows}
+    return {"baseline": baseline_rev, "threads": torch.get_num_threads(), "rows": rows, "device": device_name(device)}
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def overhead_line(row: dict) -> str:
@@ -302,7 +315,7 @@ def run_overhead(args: argparse.Namespace) -> None:
     print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}")
     print("| tensor | codec | before us/call | after us/call | after / before |")
     print("|---|---|---:|---:|---:|")
-    result = overhead(args.baseline, args.rounds, args.budget)
+    result = overhead(args.baseline, args.rounds, args.budget, torch.device(args.device))
     load_end = os.getloadavg()
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
     summary = [overhead_summary(result["rows"]), small_summary(result["rows"])]
@@ -352,7 +365,7 @@ def main() -> None:
     plot(results, args.out)
     data = args.out.with_suffix(".json")
     data.write_text(json.dumps({"load_before": load_line(load_before), "load_after": load_line(os.getloadavg()),
-                                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                                "device": device_name(device),
                                 "threads": torch.get_num_threads(), "repeats": args.repeats, "full": args.full,
                                 "results": results, "table": text}, indent=1))
     print(f"\nwrote {args.out} and {data}")

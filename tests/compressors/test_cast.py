@@ -71,3 +71,13 @@ def test_fp16_overflow_is_an_error_not_inf():
                                              r"range .* max \|x\| is 100000\); use bf16"):
         Fp16().encode(x)
     assert torch.equal(Bf16().decode(Bf16().encode(x)), x.bfloat16().float())
+
+
+def test_fp16_overflow_is_an_error_even_unchecked_but_unchecked_nan_passes():
+    """``check_finite=False`` (the pipeline's codecs: the engine checks inputs itself) leaves the
+    input's own NaN/Inf alone, not a finite value the cast would turn into Inf."""
+    with pytest.raises(NonFiniteError, match="fp16: 1 of 2 values exceed"):
+        Fp16(check_finite=False).encode(torch.tensor([1.0, 7e4]))
+    x = torch.tensor([1.0, float("nan"), float("inf")])
+    y = Fp16(check_finite=False).decode(Fp16(check_finite=False).encode(x))
+    assert torch.equal(y.isnan(), x.isnan()) and y[2] == float("inf") and y[0] == 1.0

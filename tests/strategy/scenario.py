@@ -110,16 +110,16 @@ class InjectFault(L.Callback):
     def on_fit_start(self, trainer, pl_module):
         if trainer.global_rank != self.rank:
             return
-        if self.kind in ("nan", "raise"):
+        if self.kind in ("nan", "raise", "overflow"):
             def hook(module, args, output):
                 if trainer.training and trainer.global_step == self.step:
                     if self.kind == "raise":
                         raise RuntimeError(f"injected failure on rank {self.rank}")
-                    return output * float("nan")
+                    return output * (1e6 if self.kind == "overflow" else float("nan"))  # overflow: past fp16's range
                 return output
 
             owned = trainer.strategy.plan.layers_of(self.rank)
-            pl_module.layers[owned[0]].register_forward_hook(hook)
+            pl_module.layers[owned[-1 if self.kind == "overflow" else 0]].register_forward_hook(hook)  # overflow: at the cut
         if self.kind == "corrupt":  # flip a payload byte after the checksum was taken, as a bad link would
             from lightning_epipe.strategy.comm import transport
 
@@ -191,7 +191,7 @@ def main() -> None:
     p.add_argument("--ckpt-dir", default=None)
     p.add_argument("--resume", default=None)
     p.add_argument("--nonfinite", default="raise")
-    p.add_argument("--fault", default=None, choices=["kill", "stall", "raise", "nan", "corrupt", "misorder", "sigterm", "sigterm-validate"])
+    p.add_argument("--fault", default=None, choices=["kill", "stall", "raise", "nan", "overflow", "corrupt", "misorder", "sigterm", "sigterm-validate"])
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=2)
     p.add_argument("--precision", default="32-true")

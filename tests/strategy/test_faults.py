@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 
+import lightning as L
 import pytest
 import torch
 
 from tests.helpers import ROOT, run_ranks
+from tests.strategy.scenario import TinyNet, loader, trainer_kwargs
 
 SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 TIMEOUT = 8  # EPipeStrategy(timeout=...) in seconds
@@ -72,6 +74,37 @@ def test_nan_skip_skips_the_step_on_every_rank(tmp_path):
     losses = torch.tensor(result["losses"])
     assert len(losses) == 5 and torch.isnan(losses[2]) and torch.isfinite(losses[[0, 1, 3, 4]]).all()
     assert all(torch.isfinite(v).all() for v in result["state_dict"].values())
+
+
+def test_fp16_overflow_at_a_cut_stops_the_run_naming_stage_and_step(tmp_path):
+    """An activation past fp16's range would arrive as Inf: the cut's codec says so, as for NaN."""
+    code, out = _run_fault("overflow", "--compressor", "fp16", rank=1, tmp_path=tmp_path)
+    assert code != 0
+    assert "NonFiniteActivation" in out and "exceed the torch.float16 range" in out, out[-3000:]
+    assert "leaving stage 1 (rank 1) at step 3" in out, out[-3000:]
+
+
+class _DropGradients(L.Callback):
+    """One process's side of a skipped step: no parameter moves at training batch ``step``."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step == self.step:
+            for p in pl_module.parameters():
+                p.grad = None
+
+
+@pytest.mark.slow
+def test_fp16_overflow_skip_skips_the_step_on_every_rank(tmp_path):
+    code, out = _run_fault("overflow", "--compressor", "fp16", "--nonfinite", "skip", rank=1, tmp_path=tmp_path)
+    assert code == 0, out[-3000:]
+    got = torch.load(tmp_path / "r.pt", weights_only=False)["state_dict"]
+    ref = TinyNet()  # the same five batches in one process, the third one skipped
+    L.Trainer(devices=1, **trainer_kwargs(5, callbacks=[_DropGradients(2)])).fit(ref, loader(16))
+    for name, value in ref.state_dict().items():
+        torch.testing.assert_close(got[name], value, rtol=1e-3, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
 
 
 def test_sigterm_stops_every_rank_after_the_same_step(tmp_path):

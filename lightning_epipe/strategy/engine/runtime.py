@@ -29,7 +29,7 @@ import torch
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from lightning_epipe.compressors import BottleneckPair, Compressor, Packet, PacketError
+from lightning_epipe.compressors import BottleneckPair, Compressor, NonFiniteError, Packet, PacketError
 from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.compression.codec_book import CodecBook
 from lightning_epipe.strategy.engine.microbatch import Batch, flatten, join, scatter, tensors_of, unflatten
@@ -412,7 +412,12 @@ class PipelineRuntime:
             codec = self._on_nonfinite(kind, cut, mb, t)
             flags |= Flag.NONFINITE
         with _no_autocast(t.device.type):  # codecs compute in the tensor's own dtype
-            packet = codec.encode(t)
+            try:
+                packet = codec.encode(t)
+            except NonFiniteError as error:  # a cast past its wire dtype's range (fp16): Inf on the wire
+                codec = self._on_nonfinite(kind, cut, mb, t, str(error))
+                flags |= Flag.NONFINITE
+                packet = codec.encode(t)
         header = Header.data(kind, self.step, mb, self.num_microbatches, j, n, flags)
         nbytes = self.transport.send(peer, header, packet.payload, prefix=packet.header())
         raw = t.numel() * t.element_size() if kind == Kind.INPUT else self._raw_bytes(cut, j, t)
@@ -424,11 +429,12 @@ class PipelineRuntime:
             codec.bind(None if self.sample_ids is None else self.sample_ids[mb], self.num_samples)
         return codec
 
-    def _on_nonfinite(self, kind: Kind, cut: int, mb: int, t: Tensor):
-        """Raise, or (``nonfinite="skip"``) mark the step and send the values raw so NaN stays NaN."""
+    def _on_nonfinite(self, kind: Kind, cut: int, mb: int, t: Tensor, overflow: Optional[str] = None):
+        """Raise, or (``nonfinite="skip"``) mark the step and send the values raw so NaN stays NaN.
+        ``overflow``: the codec's message where ``t`` is finite but its cast would not be."""
         stage = cut if kind == Kind.ACTIVATION else cut + 1
-        bad = int((~torch.isfinite(t)).sum())
-        where = f"{bad} NaN/Inf values in the {Direction.of(kind)} leaving stage {stage} (rank {self.rank}) at step {self.step}, micro-batch {mb}"
+        what = f"values past the codec's range ({overflow})" if overflow else f"{int((~torch.isfinite(t)).sum())} NaN/Inf values"
+        where = f"{what} in the {Direction.of(kind)} leaving stage {stage} (rank {self.rank}) at step {self.step}, micro-batch {mb}"
         if self.nonfinite == "raise":
             raise NonFiniteActivation(
                 f"{where}. Lower the learning rate, clip gradients or check the inputs; or pass"
