@@ -184,16 +184,20 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
 
 
 def load_baseline(rev: str):
-    """``get_compressor`` of ``lightning_epipe/compressors`` at git revision ``rev``, loaded
-    as the package ``baseline_compressors`` (its imports are relative, so it is whole)."""
-    root = Path(__file__).resolve().parents[1]
-    archive = subprocess.run(["git", "archive", rev, "lightning_epipe/compressors"], cwd=root,
-                             check=True, capture_output=True).stdout
-    target = Path(tempfile.mkdtemp(prefix="baseline-"))
-    atexit.register(shutil.rmtree, target, ignore_errors=True)
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(target, filter="data")
-    package = target / "lightning_epipe" / "compressors"
+    """``get_compressor`` of ``lightning_epipe/compressors`` at git revision ``rev`` (or in the
+    directory ``rev``, a copy of the tree at that revision, where there is no git history),
+    loaded as the package ``baseline_compressors`` (its imports are relative, so it is whole)."""
+    if Path(rev).is_dir():
+        package = Path(rev) / "lightning_epipe" / "compressors"
+    else:
+        root = Path(__file__).resolve().parents[1]
+        archive = subprocess.run(["git", "archive", rev, "lightning_epipe/compressors"], cwd=root,
+                                 check=True, capture_output=True).stdout
+        target = Path(tempfile.mkdtemp(prefix="baseline-"))
+        atexit.register(shutil.rmtree, target, ignore_errors=True)
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(target, filter="data")
+        package = target / "lightning_epipe" / "compressors"
     spec = importlib.util.spec_from_file_location("baseline_compressors", package / "__init__.py",
                                                   submodule_search_locations=[str(package)])
     module = importlib.util.module_from_spec(spec)
@@ -332,7 +336,7 @@ def main() -> None:
     parser.add_argument("--overhead", action="store_true",
                         help="per-call encode + decode time by tensor size (1 KiB..64 MiB)")
     parser.add_argument("--baseline", metavar="REV",
-                        help="with --overhead: time the codecs of this git revision too")
+                        help="with --overhead: time the codecs of this git revision (or a copy of its tree) too")
     parser.add_argument("--overhead-out", default="compressors_overhead.json",
                         help="with --overhead: file name under benchmarks/results")
     parser.add_argument("--rounds", type=int, default=5,

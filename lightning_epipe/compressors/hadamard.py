@@ -23,7 +23,9 @@ and clamped to the dtype's finite range.
 
 A finite CPU tensor of at most ``host.HOST_MAX`` elements fits its levels, codes and checks
 in numpy (``host.py``): the same payload bit for bit, in a few calls instead of a few
-dozen; the rotation stays a torch product on every path.
+dozen; the rotation stays a torch product on every path. On an accelerator the sample is
+read to the host once and the levels fitted there (``fit_levels_host``, the same levels as
+``fit_levels`` on the CPU), not in a few kernels and a synchronization per Lloyd step.
 
 Payload (little-endian)::
 
@@ -143,7 +145,11 @@ class HadamardQuant(Compressor):
         meta = (seed, n.bit_length() - 1, self.bits, exponent)
         if on_host(flat.numel(), x.device) and math.isfinite(top):
             return _codes_host(meta, u.numpy(), sigma, self.bits, self.iterations)
-        levels = fit_levels(_sample(u, fit_sample_size(levels_n, SAMPLE)), levels_n, self.iterations)  # [L]
+        sample = _sample(u, fit_sample_size(levels_n, SAMPLE))                    # [M]
+        if u.device.type == "cpu":
+            levels = fit_levels(sample, levels_n, self.iterations)                # [L]
+        else:  # one read of the sample, the Lloyd steps on the host
+            levels = torch.from_numpy(fit_levels_host(sample.cpu().numpy(), levels_n, self.iterations)).to(u.device)
         codes = _nearest(u, levels)
         return torch.cat([
             torch.tensor(meta, dtype=torch.int32).view(torch.uint8).to(x.device),

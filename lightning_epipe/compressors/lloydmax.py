@@ -5,8 +5,8 @@ is coded as (nearly always) its nearest level. Lower error than uniform min-max
 (``quantize``) and equal-count buckets (``sortquant``) at the same bits, no sort of a
 large tensor, and decoding is one table lookup per element.
 
-Fit of a tensor above ``SORTED_FIT_MAX`` elements, or on an accelerator (cost independent
-of N from there; G cells, ``SAMPLE`` elements, ``L`` levels):
+Fit of a tensor above ``SORTED_FIT_MAX`` elements (cost independent of N from there; G
+cells, ``SAMPLE`` elements, ``L`` levels):
 
 1. ``lo, hi = aminmax(x)``; a uniform grid of G cells spans [lo, hi]: 4 per element,
    1024 to ``GRID`` (``grid.grid_size``), so a small tensor pays for a small grid.
@@ -34,10 +34,12 @@ of N from there; G cells, ``SAMPLE`` elements, ``L`` levels):
    between its neighbours): after step 4 that only happens when there are fewer
    distinct cells than levels, and then every cell already has a level of its own.
 
-CPU tensors of at most ``SORTED_FIT_MAX`` elements take the host path: in numpy, no grid
+Tensors of at most ``SORTED_FIT_MAX`` elements take the host path: in numpy, no grid
 and no sample; each distinct value is a cell of its own (steps 2-5 on the sorted values,
 ``fit_levels_host``) and each element is coded as its nearest level. Same payload format,
-same pinned values.
+same pinned values. An accelerator's tensor is copied to the host and its payload back:
+on a GPU the grid fit is hundreds of small kernels and dozens of synchronizations a call,
+milliseconds whatever the size (``benchmarks/README.md``, section 5).
 
 Encode: a table of G codes, for each grid cell the level nearest to the cell's
 centre; an element costs a subtraction and a multiplication to find its cell and one
@@ -151,8 +153,9 @@ class LloydMax(Compressor):
 
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1)
-        if flat.device.type == "cpu" and flat.numel() <= SORTED_FIT_MAX:
-            return self._encode_host(flat, host_values(flat))
+        if flat.numel() <= SORTED_FIT_MAX:  # an accelerator's tensor too: one copy each way
+            payload = self._encode_host(flat, host_values(flat))
+            return payload if flat.device.type == "cpu" else payload.to(flat.device)
         count, bits, levels_n = flat.numel(), self.bits, 1 << self.bits
         low, high = torch.aminmax(flat)
         lo = low.double()

@@ -168,3 +168,15 @@ def test_truncated_payload_is_a_packet_error():
 def test_bad_arguments_name_what_is_allowed(kwargs, match):
     with pytest.raises(ValueError, match=match):
         HadamardQuant(**kwargs)
+
+
+@pytest.mark.parametrize("size", [37, 4096, 8192])
+@pytest.mark.parametrize("iterations", [0, 8])
+def test_host_fit_gives_the_torch_fits_levels_at_every_sample_size(size, iterations):
+    """An accelerator's tensor fits on the host: the levels the CPU's torch path fits, bit for bit."""
+    from lightning_epipe.compressors.hadamard import fit_levels, fit_levels_host
+
+    g = torch.Generator().manual_seed(size)
+    for sample in (torch.randn(size, generator=g), torch.relu(torch.randn(size, generator=g)) * 3 - 1):
+        torch_levels = fit_levels(sample, 16, iterations)
+        assert torch.equal(torch.from_numpy(fit_levels_host(sample.numpy(), 16, iterations)), torch_levels)

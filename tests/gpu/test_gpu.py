@@ -125,3 +125,12 @@ def test_codec_on_cuda_round_trips_like_on_the_host(case, dtype, shape):
     host = make(case).decode(make(case).encode(x))
     error, host_error = (y.cpu().double() - x.double()).norm(), (host.double() - x.double()).norm()
     assert error <= 1.25 * host_error + ulp_slack(x) * x.numel() ** 0.5
+
+
+@one_gpu
+@pytest.mark.parametrize("n", [37, 4096, 32768])
+def test_lloydmax_of_a_small_gpu_tensor_is_the_cpus_packet(n):
+    """Up to ``SORTED_FIT_MAX`` elements lloydmax fits on the host, whatever the tensor's device."""
+    x = sample((n,), torch.float32)
+    case = ("lloydmax", {"bits": 4})
+    assert torch.equal(make(case).encode(x.cuda()).to_bytes().cpu(), make(case).encode(x).to_bytes())
