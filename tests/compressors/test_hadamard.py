@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from lightning_epipe.compressors import HadamardQuant, Packet, PacketError, get_compressor, hadamard, host
-from lightning_epipe.compressors.hadamard import hadamard_nbytes, hadamard_transform, normal_levels
+from lightning_epipe.compressors.hadamard import (fit_levels, fit_levels_host, hadamard_nbytes, hadamard_transform,
+                                                  normal_levels)
 from lightning_epipe.compressors.packet import header_nbytes
 
 
@@ -172,10 +173,8 @@ def test_bad_arguments_name_what_is_allowed(kwargs, match):
 
 @pytest.mark.parametrize("size", [37, 4096, 8192])
 @pytest.mark.parametrize("iterations", [0, 8])
-def test_host_fit_gives_the_torch_fits_levels_at_every_sample_size(size, iterations):
+def test_host_fit_equals_the_torch_fit_at_every_sample_size(size, iterations):
     """An accelerator's tensor fits on the host: the levels the CPU's torch path fits, bit for bit."""
-    from lightning_epipe.compressors.hadamard import fit_levels, fit_levels_host
-
     g = torch.Generator().manual_seed(size)
     for sample in (torch.randn(size, generator=g), torch.relu(torch.randn(size, generator=g)) * 3 - 1):
         torch_levels = fit_levels(sample, 16, iterations)
