@@ -103,6 +103,11 @@ def tensors(full: bool) -> dict[str, torch.Tensor]:
     }
 
 
+def synchronizer(x: torch.Tensor):
+    """A call that waits for ``x``'s device to finish its queued work (nothing on the CPU)."""
+    return (lambda: torch.cuda.synchronize(x.device)) if x.is_cuda else (lambda: None)
+
+
 def label(name: str, kwargs: dict) -> str:
     return name + "".join(f" {k}={v}" for k, v in kwargs.items())
 
@@ -114,7 +119,7 @@ def measure(x: torch.Tensor, repeats: int) -> list[dict]:
     packets = [codec.encode(x) for codec in codecs]
     encode = [[] for _ in codecs]
     decode = [[] for _ in codecs]
-    sync = (lambda: torch.cuda.synchronize(x.device)) if x.is_cuda else (lambda: None)
+    sync = synchronizer(x)
     for _ in range(repeats):
         for codec, packet, enc, dec in zip(codecs, packets, encode, decode):
             sync()
@@ -211,10 +216,7 @@ def per_call_us(codec, x: torch.Tensor, calls: int) -> tuple[float, float]:
     this thread: with one torch thread that is the work of the call, whatever else shares the
     cores (wall time on a loaded machine also counts the time other processes hold them). On
     a GPU in wall time up to the end of the last call's kernels."""
-    if x.is_cuda:
-        clock, sync = time.perf_counter, lambda: torch.cuda.synchronize(x.device)
-    else:
-        clock, sync = time.thread_time, lambda: None
+    clock, sync = (time.perf_counter if x.is_cuda else time.thread_time), synchronizer(x)
     sync()
     start = clock()
     packets = [codec.encode(x) for _ in range(calls)]

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,3 +47,15 @@ def run_ranks(script: str | Path, *args: str, timeout: float = 180, expect_ok: b
     if expect_ok and proc.returncode != 0:
         raise AssertionError(f"{script} exited {proc.returncode}:\n{out[-6000:]}")
     return proc.returncode, out
+
+
+def run_nodes(script: str | Path, out_dir: Path, *args: str, nodes: int = 2, timeout: float = 240) -> list[str]:
+    """Start ``script args`` once per node on loopback, as a cluster launcher does (MASTER_ADDR,
+    MASTER_PORT and NODE_RANK per command), node ``n`` writing ``out_dir / f"node{n}.pt"``;
+    every node's output, once all have exited (each bounded as in :func:`run_ranks`)."""
+    port = str(free_port())
+    with ThreadPoolExecutor(nodes) as pool:
+        runs = [pool.submit(run_ranks, script, "--out", out_dir / f"node{node}.pt", "--num-nodes", nodes, *args,
+                            timeout=timeout, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(node)})
+                for node in range(nodes)]
+        return [run.result()[1] for run in runs]

@@ -21,11 +21,11 @@ Encode, for N elements cut into R = ceil(N / n) blocks of n = ``block`` (zero pa
 Decode: ``x = 2**e * s * H (sigma_r * level[code])`` (H is its own inverse), cropped to N
 and clamped to the dtype's finite range.
 
-A finite CPU tensor of at most ``host.HOST_MAX`` elements fits its levels, codes and checks
-in numpy (``host.py``): the same payload bit for bit, in a few calls instead of a few
-dozen; the rotation stays a torch product on every path. On an accelerator the sample is
-read to the host once and the levels fitted there (``fit_levels_host``, the same levels as
-``fit_levels`` on the CPU), not in a few kernels and a synchronization per Lloyd step.
+The levels are fitted on the host, in numpy, on every path (``fit_levels_host``: the fit
+sample is read there once, not a few kernels and a synchronization per Lloyd step on an
+accelerator). A finite CPU tensor of at most ``host.HOST_MAX`` elements also finds its codes
+and checks in numpy (``host.py``): the same payload bit for bit, in a few calls instead of a
+few dozen; the rotation stays a torch product on every path.
 
 Payload (little-endian)::
 
@@ -55,6 +55,7 @@ import torch
 
 from .base import Compressor, check_int
 from .bitpack import pack, packed_nbytes, unpack, unpack_host
+from .exact import host_values
 from .host import cumsum_host, host_payload, on_host
 from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
@@ -145,11 +146,8 @@ class HadamardQuant(Compressor):
         meta = (seed, n.bit_length() - 1, self.bits, exponent)
         if on_host(flat.numel(), x.device) and math.isfinite(top):
             return _codes_host(meta, u.numpy(), sigma, self.bits, self.iterations)
-        sample = _sample(u, fit_sample_size(levels_n, SAMPLE))                    # [M]
-        if u.device.type == "cpu":
-            levels = fit_levels(sample, levels_n, self.iterations)                # [L]
-        else:  # one read of the sample, the Lloyd steps on the host
-            levels = torch.from_numpy(fit_levels_host(sample.cpu().numpy(), levels_n, self.iterations)).to(u.device)
+        sample = host_values(_sample(u, fit_sample_size(levels_n, SAMPLE)))       # [M], one read
+        levels = torch.from_numpy(fit_levels_host(sample, levels_n, self.iterations)).to(u.device)  # [L]
         codes = _nearest(u, levels)
         return torch.cat([
             torch.tensor(meta, dtype=torch.int32).view(torch.uint8).to(x.device),
@@ -237,24 +235,6 @@ def random_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
     return (1 - 2 * bits).float().to(device)
 
 
-def fit_levels(sample: torch.Tensor, levels_n: int, iterations: int) -> torch.Tensor:
-    """sample: [M] float32 (about unit RMS) -> [L] sorted levels after Lloyd steps."""
-    levels = normal_levels(levels_n).to(sample.device)
-    values = sample.sort().values
-    prefix = torch.cat([values.new_zeros(1), values.double().cumsum(0)])
-    for _ in range(iterations):
-        cuts = torch.searchsorted(values, (levels[1:] + levels[:-1]) / 2)
-        starts = torch.cat([cuts.new_zeros(1), cuts])
-        stops = torch.cat([cuts, cuts.new_full((1,), values.numel())])
-        counts = stops - starts
-        means = ((prefix[stops] - prefix[starts]) / counts.clamp(min=1)).float()
-        moved = torch.where(counts > 0, means, levels)
-        if torch.equal(moved, levels):
-            break
-        levels = moved
-    return levels
-
-
 def _codes_host(meta: tuple[int, ...], u: np.ndarray, sigma: torch.Tensor, bits: int, iterations: int) -> torch.Tensor:
     """The host path's levels, codes and payload (``host.py``), bit for bit the torch path's.
     u: [R * n] float32, finite; sigma: [R] bfloat16 -> uint8 payload."""
@@ -266,7 +246,9 @@ def _codes_host(meta: tuple[int, ...], u: np.ndarray, sigma: torch.Tensor, bits:
 
 
 def fit_levels_host(sample: np.ndarray, levels_n: int, iterations: int) -> np.ndarray:
-    """:func:`fit_levels` in numpy: sample [M] float32, finite -> [L] float32, the same levels."""
+    """sample: [M] float32 (about unit RMS) -> [L] float32 sorted levels after Lloyd steps, from
+    the normal's (each level moves to the mean of the values nearest it; it stops early when none
+    moves; a level without values stays)."""
     levels = normal_levels(levels_n).numpy()
     values = np.sort(sample)
     prefix = np.zeros(values.size + 1)

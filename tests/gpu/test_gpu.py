@@ -12,14 +12,12 @@ both the GPU and the host.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 import torch
 
 from lightning_epipe.compressors import Packet
 from tests.compressors.cases import CODECS, codec_id, make, sample, ulp_slack
-from tests.helpers import ROOT, free_port, run_ranks
+from tests.helpers import ROOT, run_nodes, run_ranks
 from tests.strategy.scenario import reference
 
 SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
@@ -37,15 +35,8 @@ def _train(tmp_path, *args, steps=4):
 def _train_sharing_one_gpu(tmp_path, *args, steps=4):
     """Two ranks on cuda:0, started as two nodes of one device each (the way a cluster
     launcher starts them), gloo between them; rank 0's result."""
-    port = str(free_port())
-    common = ("--devices", 1, "--num-nodes", 2, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu",
-              "--backend", "gloo", *args)
-    with ThreadPoolExecutor(2) as pool:
-        runs = [pool.submit(run_ranks, SCRIPT, "--out", tmp_path / f"node{node}.pt", *common, timeout=300,
-                            env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(node)})
-                for node in (0, 1)]
-        for run in runs:
-            run.result()
+    run_nodes(SCRIPT, tmp_path, "--devices", 1, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu",
+              "--backend", "gloo", *args, timeout=300)
     got = torch.load(tmp_path / "node0.pt", weights_only=False, map_location="cpu")
     assert got["device"] == "cuda:0"
     return got

@@ -3,27 +3,16 @@ node with MASTER_ADDR/MASTER_PORT/NODE_RANK), train exactly like one process."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 
-from tests.helpers import ROOT, free_port, run_ranks
+from tests.helpers import ROOT, run_nodes
 from tests.strategy.scenario import reference
 
 SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 
 
 def test_two_nodes_on_loopback(tmp_path):
-    port = str(free_port())
-    with ThreadPoolExecutor(2) as pool:
-        runs = [
-            pool.submit(
-                run_ranks, SCRIPT, "--out", tmp_path / f"node{node}.pt", "--devices", 1, "--num-nodes", 2, "--steps", 4,
-                timeout=240, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(node)},
-            )
-            for node in (0, 1)
-        ]
-        outputs = [r.result()[1] for r in runs]
+    outputs = run_nodes(SCRIPT, tmp_path, "--devices", 1, "--steps", 4)
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]
     got = torch.load(tmp_path / "node0.pt", weights_only=False)
     ref = reference(steps=4, batch_size=16)
