@@ -75,6 +75,7 @@ OVERHEAD_CODECS = [
     ("sortquant", {"bits": 8}),
     ("sortquant", {"bits": 8, "boundaries": "exact"}),
     ("lloydmax", {"bits": 4}),
+    ("lloydmax", {"bits": 8}),
     ("hadamard", {"bits": 4}),
     ("topk", {"fraction": 0.1}),
     ("topk", {"fraction": 0.1, "bits": 8}),
@@ -285,11 +286,13 @@ def overhead_summary(rows: list[dict]) -> str:
 
 #: Sizes (bytes) of the small-tensor table, encode and decode apart.
 SMALL_SIZES = [1 << 10, 1 << 12, 1 << 14]
+#: Sizes (bytes) of the micro-batch table: 16 and 32 rows of 1024 float32 features.
+MICROBATCH_SIZES = [1 << 16, 1 << 17]
 
 
-def small_summary(rows: list[dict]) -> str:
-    """Per codec, encode and decode us per call of small tensors, with after / before in brackets."""
-    return _per_codec_table(rows, [(f"{n >> 10} KiB {d}", n, f"{d}_") for n in SMALL_SIZES
+def small_summary(rows: list[dict], sizes: list[int] = SMALL_SIZES) -> str:
+    """Per codec, encode and decode us per call at ``sizes``, with after / before in brackets."""
+    return _per_codec_table(rows, [(f"{n >> 10} KiB {d}", n, f"{d}_") for n in sizes
                                    for d in ("encode", "decode")])
 
 
@@ -324,7 +327,8 @@ def run_overhead(args: argparse.Namespace) -> None:
     result = overhead(args.baseline, args.rounds, args.budget, torch.device(args.device))
     load_end = os.getloadavg()
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
-    summary = [overhead_summary(result["rows"]), small_summary(result["rows"])]
+    summary = [overhead_summary(result["rows"]), small_summary(result["rows"]),
+               small_summary(result["rows"], MICROBATCH_SIZES)]
     print("\n\n".join(summary))
     result.update(load_start=load_start, load_end=load_end, tensor="relu(randn) [n/256, 256]", summary=summary)
     out = Path(__file__).parent / "results" / args.overhead_out

@@ -6,7 +6,8 @@ import torch
 
 from lightning_epipe.compressors import Packet, bitpack, get_compressor, host, lloydmax, sortquant
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
-from lightning_epipe.compressors.lloydmax import lloyd_steps, nearest
+from lightning_epipe.compressors.lloydmax import (TAIL_RANKS, _count_below, fit_levels_host, fit_sample, lloyd_steps,
+                                                  nearest)
 from lightning_epipe.compressors.sortquant import _rank_buckets, _starts
 
 from .cases import codec_id
@@ -122,6 +123,77 @@ def test_lloydmax_host_path_is_as_good_as_the_torch_path(bits, n, monkeypatch):
     fast = error()
     torch_path(monkeypatch)
     assert fast <= error() * 1.02
+
+
+@pytest.mark.parametrize("bits", [2, 4, 5, 6])
+@pytest.mark.parametrize("n", [16_500, 24_000, 32_768])
+def test_lloydmax_fitted_on_a_sample_and_the_tails_is_as_good_as_fitted_on_everything(bits, n, monkeypatch):
+    """Student-t (3 degrees of freedom): a heavy tail, whose far values a sample alone misses."""
+    x = torch.from_numpy(np.random.default_rng(n).standard_t(3, n).astype(np.float32))
+    assert n > lloydmax.fit_sample_size(1 << bits, lloydmax.SAMPLE)  # the sample is fitted
+
+    def error() -> float:
+        c = get_compressor("lloydmax", bits=bits)
+        return float((c.decode(c.encode(x)) - x).norm() / x.norm())
+
+    sampled = error()
+    monkeypatch.setattr(lloydmax, "fit_sample_size", lambda levels_n, cap: n)
+    assert sampled <= error() * 1.03
+
+
+def test_lloydmax_fit_sample_takes_every_tail_value_and_the_ends():
+    x = np.random.default_rng(0).standard_normal(20_000).astype(np.float32)
+    positions = set(lloydmax.strided_sample(np.arange(x.size), 8192).tolist())
+    outside = next(i for i in range(x.size) if i not in positions)
+    x[outside] = 50.0  # the max, not in the strided sample
+    values, weights = fit_sample(x, 8192)
+    assert np.array_equal(values, np.sort(values)) and values[0] == x.min() and values[-1] == 50.0
+    sample = np.sort(lloydmax.strided_sample(x, 8192))
+    tails = np.sort(x[(x < sample[TAIL_RANKS]) | (x > sample[-1 - TAIL_RANKS])])
+    assert np.array_equal(values[weights == 1.0], tails)
+    assert weights.sum() == pytest.approx(x.size)  # the bulk's weights stand for the rest
+    assert fit_sample(x, x.size)[1] is None and np.array_equal(fit_sample(x, x.size)[0], np.sort(x))
+
+
+def test_lloydmax_weights_count_as_repeats():
+    values = np.array([0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0, 9.0, 9.0, 10.0])
+    for levels_n in (2, 4, 16):
+        plain = fit_levels_host(values, levels_n, 8, 1e-3)
+        weighted = fit_levels_host(np.unique(values), levels_n, 8, 1e-3,
+                                   np.unique(values, return_counts=True)[1].astype(np.float64))
+        assert np.array_equal(plain[0], weighted[0]) and np.array_equal(plain[1], weighted[1])
+
+
+@pytest.mark.parametrize("check_finite", [True, False])
+def test_lloydmax_host_path_with_a_nan_outside_the_sample(check_finite):
+    x = torch.randn(20_000, generator=torch.Generator().manual_seed(3))
+    positions = set(lloydmax.strided_sample(np.arange(x.numel()), 8192).tolist())
+    x[next(i for i in range(x.numel()) if i not in positions)] = float("nan")
+    c = get_compressor("lloydmax", bits=4, check_finite=check_finite)
+    if check_finite:
+        with pytest.raises(Exception, match="NaN|non-finite|nonfinite"):
+            c.encode(x)
+    else:  # as with the whole tensor sorted: a constant codebook at the min, no NaN in it
+        book = c.encode(x).payload[4:4 + 64].view(torch.float32)
+        assert (book == x.nan_to_num(nan=0.0).min()).all()
+
+
+def _cut_cases():
+    """(x, cuts): values on the cuts, between them and outside, crowded and repeated cuts."""
+    rng = np.random.default_rng(5)
+    spread = np.sort(rng.standard_normal(255))
+    crowded = np.sort(np.concatenate([np.zeros(100), rng.random(30) * 1e-9, rng.standard_normal(125)]))
+    for cuts in (spread, crowded, np.array([0.0, 1.0] * 10 + [2.0]).cumsum() / 7, np.full(31, 0.5),
+                 np.array([-1e300, 0.0, 1e300] + [1e300] * 20)):
+        cuts = np.sort(cuts)
+        x = np.concatenate([rng.standard_normal(3000), cuts, np.nextafter(cuts, np.inf), np.nextafter(cuts, -np.inf),
+                            np.zeros(500), [np.inf, -np.inf, np.nan, 1e308, -1e308]])
+        yield rng.permutation(x), cuts
+
+
+def test_count_below_is_searchsorted():
+    for x, cuts in _cut_cases():
+        assert np.array_equal(_count_below(x, cuts), np.searchsorted(cuts, x))
 
 
 def test_lloydmax_host_path_pins_a_spike_inside_the_range():
