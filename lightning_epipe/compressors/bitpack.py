@@ -11,6 +11,8 @@ So 12-bit codes cost 1.5 bytes each: N low bytes, then N nibbles. The layout is 
 any code position that is a multiple of 8, which lets callers pack and unpack chunk by
 chunk (``pack_into``, ``unpack_range``) while the codes are still in cache. Vectorized: a
 Python loop runs over the planes and the (at most 8) columns of a group, never over codes.
+Widths 1, 2 and 4 decode straight to values (``lookup_packed``): one gather per byte from a
+table of the values of every byte's codes.
 
 Example:
     >>> codes = torch.tensor([1, 2, 3, 4, 5])
@@ -29,7 +31,7 @@ import torch
 from .cache_blocks import cache_blocks
 
 __all__ = ["pack", "unpack", "pack_into", "unpack_range", "packed_nbytes", "pack_host",
-           "unpack_host", "MAX_WIDTH", "HOST_CODES"]
+           "unpack_host", "lookup_packed", "BYTE_WIDTHS", "MAX_WIDTH", "HOST_CODES"]
 
 MAX_WIDTH = 32
 #: Codes up to which ``pack`` and ``unpack`` of CPU tensors run in numpy (``pack_host``,
@@ -174,6 +176,41 @@ def unpack_host(data: np.ndarray, width: int, count: int) -> np.ndarray:
         top = (word[:, None] >> shifts) & word.dtype.type((1 << rest) - 1)
         codes |= top.reshape(-1)[:count].astype(dtype) << dtype(8 * planes)
     return codes
+
+
+#: Widths whose codes fill whole bytes, several a byte: :func:`lookup_packed` reads a byte's codes at once.
+BYTE_WIDTHS = (1, 2, 4)
+
+
+def lookup_packed(table: torch.Tensor, data: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """``table[codes]`` for ``count`` codes of ``width`` bits (``BYTE_WIDTHS``) packed in ``data``.
+
+    table: [2**width]; data: [packed_nbytes(count, width)] uint8 on table's device
+    -> [count] of table's dtype. Each byte holds ``8 / width`` codes (code i at bit
+    ``i * width``), so a table of the values of every byte's codes ([256, 8 / width]) turns
+    the decode into one gather per byte: no codes array, no shifts per code.
+    """
+    if width not in BYTE_WIDTHS:
+        raise ValueError(f"lookup_packed reads widths {BYTE_WIDTHS}, got {width!r}")
+    per_byte = 8 // width
+    values = table.index_select(0, _byte_codes(width, table.device)).view(256, per_byte)   # [256, 8 / width]
+    out = torch.empty(data.numel() * per_byte, dtype=table.dtype, device=table.device)
+    rows = out.view(-1, per_byte)
+    for start, stop in cache_blocks(data.numel(), data.device):
+        torch.index_select(values, 0, data[start:stop].to(torch.int32), out=rows[start:stop])
+    return out[:count]
+
+
+_BYTE_CODES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _byte_codes(width: int, device: torch.device) -> torch.Tensor:
+    """[256 * 8 / width] int64: the codes of every byte value, in the order they are packed."""
+    key = (width, device)
+    if key not in _BYTE_CODES:
+        shifts = torch.arange(0, 8, width)
+        _BYTE_CODES[key] = ((torch.arange(256)[:, None] >> shifts) & ((1 << width) - 1)).reshape(-1).to(device)
+    return _BYTE_CODES[key]
 
 
 def _code_dtype(width: int) -> torch.dtype:

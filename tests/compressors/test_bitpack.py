@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_epipe.compressors import cache_blocks
-from lightning_epipe.compressors.bitpack import (MAX_WIDTH, pack, pack_into, packed_nbytes,
+from lightning_epipe.compressors.bitpack import (MAX_WIDTH, lookup_packed, pack, pack_into, packed_nbytes,
                                                  unpack, unpack_range)
 
 
@@ -84,3 +84,19 @@ def test_round_trip_property(width, codes):
     packed = pack(codes, width)
     assert packed.numel() == (codes.numel() * width + 7) // 8
     assert torch.equal(unpack(packed, width, codes.numel()).long(), codes)
+
+
+@pytest.mark.parametrize("width", [1, 2, 4])
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 1001, 300_000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_lookup_packed_is_the_table_at_the_unpacked_codes(width, count, dtype):
+    codes = torch.randint(0, 1 << width, (count,), generator=torch.Generator().manual_seed(count))
+    table = torch.randn(1 << width, generator=torch.Generator().manual_seed(width)).to(dtype)
+    got = lookup_packed(table, pack(codes, width), width, count)
+    assert got.dtype == dtype and torch.equal(got, table[codes])
+
+
+@pytest.mark.parametrize("width", [3, 5, 8, 12])
+def test_lookup_packed_reads_only_whole_byte_widths(width):
+    with pytest.raises(ValueError, match="lookup_packed reads widths"):
+        lookup_packed(torch.zeros(1 << width), pack(torch.zeros(8, dtype=torch.int64), width), width, 8)
