@@ -40,9 +40,10 @@ values, ``fit_levels_host``) and each element is coded as its nearest level. The
 (``fit_sample``) is the whole tensor up to the torch path's sample size (``256 L``, at least
 8192); above it, the torch path's strided sample for the bulk, each sampled value weighted
 by the elements it stands for, and every value beyond the sample's ``TAIL_RANKS``-th from
-either end. At 4 bits and 32768 values the encode takes ~0.4-0.5 ms instead of ~0.6-1.0 ms
-fitted on every value, with relative errors within 1.3% of that fit (ReLU, normal, Student-t
-3 and masked values, 8193-32768 of them, 1-6 bits). Same payload format, same pinned values.
+either end. A 4-bit encode of 128 KiB of ReLU activations takes 0.64x of the time fitted
+on every value (``benchmarks/README.md``, section 5), and the test suite holds Student-t
+values (a heavy tail) within 3% of that fit's error at 2-6 bits. Same payload format, same
+pinned values.
 An accelerator's tensor is copied to the host and its payload back: on a GPU the grid fit
 is hundreds of small kernels and dozens of synchronizations a call, milliseconds whatever
 the size (``benchmarks/README.md``, section 5).
@@ -515,9 +516,8 @@ def fit_sample(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray | None]
     Above: the torch path's strided sample (``strided_sample``) for the bulk, each
     sampled value standing for an equal share of the elements it represents, and every
     value of x past the sample's ``TAIL_RANKS``-th from either end, one element each: a
-    heavy tail's few far values set levels of their own, which a sample would miss
-    (Student-t with 3 degrees of freedom, 4-6 bits: up to 1.8x the error of the whole fit
-    without them). The min and max are among the tails.
+    heavy tail's few far values set levels of their own, which a sample alone would miss.
+    The min and max are among the tails.
     """
     if x.size <= size or x.max() != x.max():
         return np.sort(x), None
@@ -559,11 +559,12 @@ def _count_below(x: np.ndarray, cuts: np.ndarray) -> np.ndarray:
     """``np.searchsorted(cuts, x)``: x [N] float64, cuts [C] float64 sorted -> [N] intp, the
     number of cuts below each value (a value on a cut is not past it; NaN past every one).
 
-    A binary search per element costs ~40 ns on unsorted values (1.4 ms for 32768 values
-    and 255 cuts). Here each element's guess is read from a table over a uniform grid of
-    the cuts' span (16 cells a cut), moved up and down once by exact compares with the
-    cuts around it, and checked; the elements still wrong (cuts crowded into one cell) are
-    searched. ~0.3 ms for the same call.
+    A binary search per element on unsorted values is slow (branches mispredicted at every
+    step). Here each element's guess is read from a table over a uniform grid of the cuts'
+    span (16 cells a cut), moved up and down once by exact compares with the cuts around
+    it, and checked; the elements still wrong (cuts crowded into one cell) are searched.
+    With it an 8-bit encode of 128 KiB takes 0.63x of the time (``benchmarks/README.md``,
+    section 5).
     """
     lo, hi = cuts[0], cuts[-1]
     cells = GUESS_CELLS_PER_CUT * cuts.size
