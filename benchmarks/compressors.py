@@ -290,7 +290,7 @@ SMALL_SIZES = [1 << 10, 1 << 12, 1 << 14]
 MICROBATCH_SIZES = [1 << 16, 1 << 17]
 
 
-def small_summary(rows: list[dict], sizes: list[int] = SMALL_SIZES) -> str:
+def directions_summary(rows: list[dict], sizes: list[int] = SMALL_SIZES) -> str:
     """Per codec, encode and decode us per call at ``sizes``, with after / before in brackets."""
     return _per_codec_table(rows, [(f"{n >> 10} KiB {d}", n, f"{d}_") for n in sizes
                                    for d in ("encode", "decode")])
@@ -327,8 +327,8 @@ def run_overhead(args: argparse.Namespace) -> None:
     result = overhead(args.baseline, args.rounds, args.budget, torch.device(args.device))
     load_end = os.getloadavg()
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
-    summary = [overhead_summary(result["rows"]), small_summary(result["rows"]),
-               small_summary(result["rows"], MICROBATCH_SIZES)]
+    summary = [overhead_summary(result["rows"]), directions_summary(result["rows"]),
+               directions_summary(result["rows"], MICROBATCH_SIZES)]
     print("\n\n".join(summary))
     result.update(load_start=load_start, load_end=load_end, tensor="relu(randn) [n/256, 256]", summary=summary)
     out = Path(__file__).parent / "results" / args.overhead_out

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -201,16 +202,11 @@ def lookup_packed(table: torch.Tensor, data: torch.Tensor, width: int, count: in
     return out[:count]
 
 
-_BYTE_CODES: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
+@functools.lru_cache(maxsize=16)
 def _byte_codes(width: int, device: torch.device) -> torch.Tensor:
-    """[256 * 8 / width] int64: the codes of every byte value, in the order they are packed."""
-    key = (width, device)
-    if key not in _BYTE_CODES:
-        shifts = torch.arange(0, 8, width)
-        _BYTE_CODES[key] = ((torch.arange(256)[:, None] >> shifts) & ((1 << width) - 1)).reshape(-1).to(device)
-    return _BYTE_CODES[key]
+    """[256 * 8 / width] int64: the codes of every byte value, in the order they are packed; cached."""
+    shifts = torch.arange(0, 8, width)
+    return ((torch.arange(256)[:, None] >> shifts) & ((1 << width) - 1)).reshape(-1).to(device)
 
 
 def _code_dtype(width: int) -> torch.dtype:

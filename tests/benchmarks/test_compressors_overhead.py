@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from benchmarks.compressors import load_baseline, overhead_line, overhead_summary, per_call_us, small_summary
+from benchmarks.compressors import load_baseline, overhead_line, overhead_summary, per_call_us, directions_summary
 
 
 def test_a_baseline_revision_loads_apart_and_encodes():
@@ -34,12 +34,12 @@ def test_overhead_summary_has_a_column_per_summary_size():
     assert lines[3] == "| quantize bits=8 | 68 | - | - | - | - |"
 
 
-def test_small_summary_shows_encode_and_decode_apart():
+def test_directions_summary_shows_encode_and_decode_apart():
     rows = [{"bytes": 1 << 10, "codec": "sortquant bits=8", "after_encode_us": 46.0, "after_decode_us": 17.0,
              "before_encode_us": 92.0, "before_decode_us": 17.0},
             {"bytes": 1 << 14, "codec": "sortquant bits=8", "after_encode_us": 94.4, "after_decode_us": 24.0},
             {"bytes": 1 << 26, "codec": "sortquant bits=8", "after_encode_us": 9e4, "after_decode_us": 1e4}]
-    lines = small_summary(rows).splitlines()
+    lines = directions_summary(rows).splitlines()
     assert lines[0] == ("| codec | 1 KiB encode | 1 KiB decode | 4 KiB encode | 4 KiB decode | 16 KiB encode"
                         " | 16 KiB decode |")
     assert lines[2] == "| sortquant bits=8 | 46 (0.50) | 17 (1.00) | - | - | 94 | 24 |"
