@@ -1,18 +1,22 @@
-"""The main job: the digits MLP pipelined over 3 CPU processes, compressed, next to the
-same training uncompressed. No download: scikit-learn ships the digits.
+"""The main job: the digits MLP pipelined over CPU processes, compressed, next to the same
+training uncompressed. No download: scikit-learn ships the digits.
 
     python examples/digits/demo.py                 # both runs, then the comparison
     python examples/digits/demo.py --only sortquant
+    python examples/digits/demo.py --devices 3     # three processes, whatever the cores
 
 Each run is a real pipeline: Lightning's launcher starts one process per rank (rank 0 holds
-the data, the first and the last layer; ranks 1 and 2 the middle), and every activation
-and gradient crossing a cut goes through the codec over gloo.
+the data, the first and the last layer; the other ranks the middle), and every activation
+and gradient crossing a cut goes through the codec over gloo. By default one process per
+core this job may use, 2 to 3: a rank that has to wait for a core stalls every rank after
+it in the pipeline.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +30,12 @@ RUNS = {
     "sortquant": dict(compressor="sortquant", bits=8),
     "none": dict(compressor="none"),
 }
+
+
+def default_devices() -> int:
+    """One process per core this process may run on, at least 2 (a pipeline) and at most 3."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(3, max(2, cores))
 
 
 def train(name: str, out: Path, epochs: int, devices: int) -> None:
@@ -74,7 +84,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=list(RUNS), help="run one configuration")
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--devices", type=int, default=3, help="processes: the client and devices-1 servers")
+    parser.add_argument("--devices", type=int, default=default_devices(),
+                        help="processes: the client and devices-1 servers (default: one per core, 2 to 3)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # internal: one training, launched per rank
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()

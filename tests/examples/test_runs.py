@@ -90,3 +90,11 @@ def test_glue_encoding_feeds_the_task_columns_to_the_tokenizer(task, columns):
 
     assert seen == [tuple([f"{c} a", f"{c} b"] for c in columns)]
     assert input_ids.shape == attention_mask.shape == (8,) and int(label) == 1
+
+
+@pytest.mark.parametrize("cores, expected", [(1, 2), (2, 2), (3, 3), (64, 3)])
+def test_main_job_runs_one_process_per_core_two_to_three(monkeypatch, cores, expected):
+    from examples.digits import demo
+
+    monkeypatch.setattr(demo.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    assert demo.default_devices() == expected
