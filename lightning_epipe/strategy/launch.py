@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-__all__ = ["ScriptLauncher", "SpawnLauncher", "make_launcher"]
+__all__ = ["ScriptLauncher", "SpawnLauncher", "make_launcher", "more_processes_than_cores", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def more_processes_than_cores(processes: int, cores: int) -> Optional[str]:
+    """The warning for ``processes`` CPU pipeline processes on one machine of ``cores`` cores, or None."""
+    if processes <= cores:
+        return None
+    return (f"EPipeStrategy: {processes} pipeline processes on this machine share {cores} CPU cores, so stages wait"
+            f" for a core and each wait holds up every stage after it. Run at most one process per core"
+            f" (Trainer(devices={cores}); with placement='client-server' the client holds two stages) unless the"
+            " stages must be this many.")
 
 
 class _ChecksModelFirst:
@@ -16,8 +33,14 @@ class _ChecksModelFirst:
 
     def launch(self, function: Callable, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
         model = args[0] if args else kwargs.get("model")
+        strategy = self._epipe_strategy
         if model is not None:
-            self._epipe_strategy.check_model(model)
+            strategy.check_model(model)
+        devices = strategy.parallel_devices
+        if devices and devices[0].type == "cpu":
+            warning = more_processes_than_cores(strategy.num_processes, usable_cores())
+            if warning:
+                rank_zero_warn(warning)
         return super().launch(function, *args, trainer=trainer, **kwargs)  # type: ignore[misc]
 
 

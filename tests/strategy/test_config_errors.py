@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 
 import lightning as L
@@ -127,3 +128,30 @@ def test_1f1b_needs_a_loss_per_micro_batch():
 def test_1f1b_needs_automatic_optimization():
     with pytest.raises(ValueError, match="runs with automatic optimization"):
         _fit(TinyNet(manual=True), schedule="1f1b")
+
+
+@pytest.mark.parametrize("cores, warned", [(1, True), (2, False), (8, False)])
+def test_more_cpu_processes_than_cores_warns_before_launch(monkeypatch, cores, warned):
+    from lightning.pytorch.strategies.launchers import _SubprocessScriptLauncher
+
+    from lightning_epipe.strategy import launch
+
+    launched = []
+    monkeypatch.setattr(launch, "usable_cores", lambda: cores)
+    monkeypatch.setattr(_SubprocessScriptLauncher, "launch", lambda self, fn, *args, **kwargs: launched.append(fn))
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _fit(TinyNet(), devices=2)
+    messages = [str(w.message) for w in record if "CPU cores" in str(w.message)]
+    assert launched, "the launcher ran after the check"
+    assert bool(messages) == warned
+    if warned:
+        assert "2 pipeline processes on this machine share 1 CPU cores" in messages[0]
+        assert "Trainer(devices=1)" in messages[0]
+
+
+def test_more_processes_than_cores_message():
+    from lightning_epipe.strategy.launch import more_processes_than_cores
+
+    assert more_processes_than_cores(2, 2) is None
+    assert "3 pipeline processes on this machine share 2 CPU cores" in more_processes_than_cores(3, 2)
