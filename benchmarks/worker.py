@@ -217,7 +217,8 @@ def run_digits(cfg: dict) -> dict | None:
     results = trainer.test(model, data, verbose=False)
     if not trainer.is_global_zero:
         return None
-    return {"test_acc": results[0]["test_acc"], "ratio": summary["ratio"], "bytes": summary["bytes"]}
+    return {"test_acc": results[0]["test_acc"], "ratio": summary["ratio"], "bytes": summary["bytes"],
+            "samples_per_s": summary["throughput_samples_per_s"], "bubble": {str(rank): r["bubble"] for rank, r in summary["ranks"].items()}}
 
 
 def run_pipelining(cfg: dict) -> dict | None:
@@ -228,6 +229,10 @@ def run_pipelining(cfg: dict) -> dict | None:
     from lightning_epipe.strategy.planning.layer_costs import balance_by_parameters
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if cfg.get("bind_cores"):  # as EPipeStrategy(bind_cores=True) binds its processes, before the process group
+        from lightning_epipe.strategy.core_binding import CoreBinding
+
+        CoreBinding().bind(rank, world)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=cfg.get("timeout", 300)))
     try:
         layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))

@@ -49,7 +49,7 @@ def train(name: str, out: Path, epochs: int, devices: int) -> None:
 
     L.seed_everything(0, verbose=False)
     monitor = EPipeMonitor()
-    strategy = EPipeStrategy(chunks=4, timeout=timedelta(minutes=5), **RUNS[name])
+    strategy = EPipeStrategy(chunks=4, timeout=timedelta(minutes=5), bind_cores=True, **RUNS[name])
     trainer = L.Trainer(
         accelerator="cpu", devices=devices, strategy=strategy, max_epochs=epochs, callbacks=[monitor],
         logger=False, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,

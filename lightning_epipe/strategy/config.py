@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from lightning_epipe.strategy.core_binding import check_bind_cores
 from lightning_epipe.compressors import Compressor
 from lightning_epipe.strategy.compression.codec_book import AUTO_KEYS, CodecBook, DeltaConfig, resolve_specs
 from lightning_epipe.strategy.planning.partition import PLACEMENTS
@@ -73,6 +74,9 @@ ARGUMENTS = """\
         start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).
         verify_checksum: checksum (XXH3-64) every CPU payload, checked by the receiver.
+        bind_cores: run each process of a machine (and the threads it starts) on its own
+            contiguous share of the CPU cores it was started on
+            (:mod:`~lightning_epipe.strategy.core_binding`; Linux).
 """
 
 
@@ -99,6 +103,7 @@ class PipelineConfig:
     start_method: str = "popen"
     process_group_backend: Optional[str] = None
     verify_checksum: bool = True
+    bind_cores: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
@@ -120,6 +125,7 @@ class PipelineConfig:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {self.start_method!r}")
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {self.error_feedback!r}")
+        check_bind_cores(self.bind_cores)
         self.codec_book(num_cuts=None)  # every codec name and argument, before any process starts
 
     @classmethod

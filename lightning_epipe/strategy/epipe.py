@@ -31,6 +31,7 @@ from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import ParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.optim import Optimizer
 from typing_extensions import override
@@ -45,6 +46,7 @@ from lightning_epipe.strategy.compression.bottleneck_layers import ATTRIBUTE, bo
 from lightning_epipe.strategy.compression.bottleneck_optimizer import optimize_bottlenecks
 from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.config import ARGUMENTS, CompressorArg, PipelineConfig
+from lightning_epipe.strategy.core_binding import CoreBinding
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.clipping import clip_across_stages
 from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
@@ -101,6 +103,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         process_group_backend: Optional[str] = None,
         verify_checksum: bool = True,
+        bind_cores: bool = False,
         accelerator: Optional[Any] = None,
         parallel_devices: Optional[list[torch.device]] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
@@ -115,7 +118,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
             delta_compression=delta_compression, delta_first=delta_first, delta_cache_limit=delta_cache_limit,
             balance=balance, replicas=replicas, pipeline=pipeline, placement=placement, nonfinite=nonfinite,
             checkpoint=checkpoint, timeout=timeout, start_method=start_method,
-            process_group_backend=process_group_backend, verify_checksum=verify_checksum,
+            process_group_backend=process_group_backend, verify_checksum=verify_checksum, bind_cores=bind_cores,
         )
         self._backend = process_group_backend  # resolved in setup_environment
         self._tuner = AutoTuner(**self.config.auto_kwargs) if self.config.auto else None
@@ -130,6 +133,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         self._checkpoint = ckpt.PipelineCheckpoint()
         self._client = ClientStep(self.config, self.stats, self._sample_ids, GradientStash())
         self._rank_steps: Optional[RankSteps] = None  # after setup
+        self._cores = CoreBinding()  # bind_cores=True: this process's share of the machine's cores
 
     # ------------------------------------------------------------------ properties
 
@@ -196,6 +200,14 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         reset_seed()
         self.set_world_ranks()
         self._backend = self._backend or _get_default_process_group_backend_for_device(self.root_device)
+        if self.config.bind_cores:  # before the process group: gloo's threads start on the share
+            share = self._cores.bind(self.local_rank, self.num_processes)
+            if share is None and not self._cores.declined:
+                self._cores.declined = True
+                rank_zero_warn(f"EPipeStrategy(bind_cores=True): {self.num_processes} processes on this machine outnumber"
+                               " its cores; left unbound")
+            else:
+                log.info("EPipeStrategy: rank %d bound to CPU cores %s", self.global_rank, list(share))
         start_process_group(self.cluster_environment, self._backend, self.config.timeout)
         if self._groups is None:  # once per process (fit and a later test share them), in the same order on every rank
             self._groups = create_groups(self.layout, self.placement, self.global_rank, self._backend)
@@ -393,6 +405,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         assert self.accelerator is not None
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
+        self._cores.restore()
 
     @classmethod
     @override

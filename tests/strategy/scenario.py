@@ -101,6 +101,14 @@ def reference(steps: int, batch_size: int, clip: float | None = None, accumulate
     return model
 
 
+class PrintCores(L.Callback):
+    """Every rank prints the CPU cores its process, and gloo's threads, may run on."""
+
+    def on_train_start(self, trainer, pl_module):
+        threads = {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+        print(f"rank {trainer.global_rank} cores {sorted(os.sched_getaffinity(0))} threads {json.dumps(threads)}", flush=True)
+
+
 class InjectFault(L.Callback):
     """Make rank ``rank`` misbehave at training batch ``step`` (tests of issue "faults")."""
 
@@ -207,6 +215,7 @@ def main() -> None:
     p.add_argument("--delta-cache-limit", type=int, default=None)
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--backend", default=None, help="process_group_backend, e.g. gloo between GPUs")
+    p.add_argument("--bind-cores", action="store_true", help="every rank prints the CPU cores it runs on")
     args = p.parse_args()
 
     strategy = EPipeStrategy(
@@ -215,7 +224,7 @@ def main() -> None:
         checkpoint=args.checkpoint, compressor_kwargs=json.loads(args.compressor_kwargs),
         error_feedback=args.error_feedback, replicas=args.replicas, delta_compression=args.delta, delta_cache_limit=args.delta_cache_limit,
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
-        process_group_backend=args.backend,
+        process_group_backend=args.backend, bind_cores=args.bind_cores,
     )
     model = TinyNet(optimizer=args.optimizer, manual=args.manual)
     if args.balance == "time":
@@ -226,6 +235,8 @@ def main() -> None:
     extra = dict(gradient_clip_val=args.clip, accumulate_grad_batches=args.accumulate)
     if args.fault:
         callbacks.append(InjectFault(args.fault, args.fault_rank, args.fault_step))
+    if args.bind_cores:
+        callbacks.append(PrintCores())
     if args.ckpt_dir:
         callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, filename="{epoch}", save_top_k=-1, every_n_epochs=1))
     if args.val:
