@@ -92,9 +92,10 @@ def main() -> None:
     header = ["run", "engine", "unbound samples/s", "bound samples/s", "bound / unbound (median)", "spread",
               "client bubble unbound / bound (last rep)", "errors"]
     print(f"\n{before} before, {after} after\n")
-    print(markdown_table(header, table))
+    text = markdown_table(header, table)
+    print(text)
     write_json(args.out, {"load_average_before": before, "load_average_after": after, "repeats": args.repeats,
-                          "steps": args.steps, "epochs": args.epochs, "rows": rows})
+                          "steps": args.steps, "epochs": args.epochs, "rows": rows, "table": text})
     fig, ax = axes()
     labels = [f"{r['run']}\n{r['engine']}" for r in rows]
     ratios = [statistics.median(rep_ratios(r["bound"], r["unbound"]) or [0]) for r in rows]
