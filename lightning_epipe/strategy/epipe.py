@@ -202,12 +202,12 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         self._backend = self._backend or _get_default_process_group_backend_for_device(self.root_device)
         if self.config.bind_cores:  # before the process group: gloo's threads start on the share
             share = self._cores.bind(self.local_rank, self.num_processes)
-            if share is None and not self._cores.declined:
+            if share is not None:
+                log.info("EPipeStrategy: rank %d bound to CPU cores %s", self.global_rank, list(share))
+            elif not self._cores.declined:  # once per strategy: fit and a later test both set up
                 self._cores.declined = True
                 rank_zero_warn(f"EPipeStrategy(bind_cores=True): {self.num_processes} processes on this machine outnumber"
                                " its cores; left unbound")
-            else:
-                log.info("EPipeStrategy: rank %d bound to CPU cores %s", self.global_rank, list(share))
         start_process_group(self.cluster_environment, self._backend, self.config.timeout)
         if self._groups is None:  # once per process (fit and a later test share them), in the same order on every rank
             self._groups = create_groups(self.layout, self.placement, self.global_rank, self._backend)

@@ -68,3 +68,14 @@ def test_two_processes_run_on_disjoint_cores_gloo_threads_included(tmp_path):
         assert all(set(c) <= seen[int(rank)] for c in json.loads(threads).values()), "every thread stays on the share"
     shares = core_shares(sorted(os.sched_getaffinity(0)), 2)
     assert seen == {0: set(shares[0]), 1: set(shares[1])}
+
+
+@needs_affinity
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) > 3, reason="starts one process more than the cores")
+def test_more_processes_than_cores_train_unbound_and_say_so_once(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    _, out = run_ranks(SCRIPT, "--out", tmp_path / "r.pt", "--devices", str(len(cores) + 1), "--steps", "2",
+                       "--bind-cores", timeout=240, env={"PYTHONWARNINGS": "default"})
+    assert out.count("outnumber its cores; left unbound") == 1  # fit and the predict after it both set up
+    reported = re.findall(r"rank \d cores (\[[\d, ]*\])", out)
+    assert len(reported) == len(cores) + 1 and all(json.loads(c) == cores for c in reported)
