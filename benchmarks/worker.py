@@ -10,7 +10,8 @@ Kinds:
 - ``pipelining``: PyTorch's ``torch.distributed.pipelining`` (``PipelineStage`` +
   ``ScheduleGPipe``, or ``Schedule1F1B`` with ``cfg["schedule"] = "1f1b"``) on gloo;
   :func:`benchmarks.common.run` starts one process per rank.
-- ``digits``: the digits example pipelined with EPipeStrategy, then tested (accuracy).
+- ``digits``: the digits example pipelined with EPipeStrategy, then tested (accuracy; also its
+  monitor's throughput and each rank's bubble).
 
 ``cfg["strategy"]``: further EPipeStrategy keyword arguments (e.g. ``verify_checksum``).
 ``cfg["trace"]``: a path with ``{rank}``: every rank writes there where its step's time went
@@ -199,7 +200,8 @@ def run_lightning(cfg: dict) -> dict | None:
 
 
 def run_digits(cfg: dict) -> dict | None:
-    """The digits example over ``devices`` processes with a codec; final test accuracy."""
+    """The digits example over ``devices`` processes with a codec; final test accuracy, the monitor's
+    throughput and each rank's bubble."""
     from examples.digits.data import DigitsDataModule
     from examples.digits.model import DigitsClassifier
     from lightning_epipe.callbacks import EPipeMonitor
@@ -218,7 +220,8 @@ def run_digits(cfg: dict) -> dict | None:
     if not trainer.is_global_zero:
         return None
     return {"test_acc": results[0]["test_acc"], "ratio": summary["ratio"], "bytes": summary["bytes"],
-            "samples_per_s": summary["throughput_samples_per_s"], "bubble": {str(rank): r["bubble"] for rank, r in summary["ranks"].items()}}
+            "samples_per_s": summary["throughput_samples_per_s"],
+            "bubble": {str(rank): r["bubble"] for rank, r in summary["ranks"].items()}}
 
 
 def run_pipelining(cfg: dict) -> dict | None:

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from lightning_epipe.strategy.core_binding import check_bind_cores
 from lightning_epipe.compressors import Compressor
 from lightning_epipe.strategy.compression.codec_book import AUTO_KEYS, CodecBook, DeltaConfig, resolve_specs
+from lightning_epipe.strategy.core_binding import check_bind_cores
 from lightning_epipe.strategy.planning.partition import PLACEMENTS
 from lightning_epipe.strategy.engine.replicas import check_replicas
 
@@ -74,9 +74,9 @@ ARGUMENTS = """\
         start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).
         verify_checksum: checksum (XXH3-64) every CPU payload, checked by the receiver.
-        bind_cores: run each process of a machine (and the threads it starts) on its own
-            contiguous share of the CPU cores it was started on
-            (:mod:`~lightning_epipe.strategy.core_binding`; Linux).
+        bind_cores: run each process of a machine, with every thread it runs, on its own
+            contiguous share of the CPU cores it was started on; left unbound where the
+            processes outnumber the cores (:mod:`~lightning_epipe.strategy.core_binding`; Linux).
 """
 
 

@@ -5,10 +5,13 @@ and writes the process's messages) run on whichever core the OS picks. When two 
 share the cores, a thread that holds gloo's connection lock or has a message to read can
 sit behind another process's compute for milliseconds, and with it every stage that waits
 for that message. Bound, process ``i`` of the machine's ``N`` (Lightning's local rank) runs
-on the ``i``-th of ``N`` contiguous, near-equal shares of the cores it was started on, and
-so do the threads it starts afterwards (gloo's, torch's, a DataLoader's workers): the
-binding happens before the process group starts. The process gets its cores back at
-teardown.
+on the ``i``-th of ``N`` contiguous, near-equal shares of the cores it was started on, with
+every thread it has and every thread or process it starts afterwards (gloo's, torch's, a
+DataLoader's workers, which then share its cores): the binding happens before the process
+group starts.
+Where the processes outnumber the cores nothing is bound (single cores shared by several
+processes stall them more than the OS's placement does). The process gets its cores back
+at teardown.
 
 Cores are split in order, not by NUMA node or by GPU affinity.
 """
@@ -54,7 +57,6 @@ class CoreBinding:
 
     def __init__(self) -> None:
         self._before: Optional[set[int]] = None  # the cores this process had before bind
-        self.declined = False  # the caller has said that the processes outnumber the cores
 
     @property
     def bound(self) -> bool:

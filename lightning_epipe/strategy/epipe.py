@@ -134,6 +134,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         self._client = ClientStep(self.config, self.stats, self._sample_ids, GradientStash())
         self._rank_steps: Optional[RankSteps] = None  # after setup
         self._cores = CoreBinding()  # bind_cores=True: this process's share of the machine's cores
+        self._said_unbound = False  # bind_cores=True with more processes than cores: warned
 
     # ------------------------------------------------------------------ properties
 
@@ -204,8 +205,8 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
             share = self._cores.bind(self.local_rank, self.num_processes)
             if share is not None:
                 log.info("EPipeStrategy: rank %d bound to CPU cores %s", self.global_rank, list(share))
-            elif not self._cores.declined:  # once per strategy: fit and a later test both set up
-                self._cores.declined = True
+            elif not self._said_unbound:  # once: fit and a later test both set up
+                self._said_unbound = True
                 rank_zero_warn(f"EPipeStrategy(bind_cores=True): {self.num_processes} processes on this machine outnumber"
                                " its cores; left unbound")
         start_process_group(self.cluster_environment, self._backend, self.config.timeout)
