@@ -12,7 +12,11 @@ up to 16 KiB; with ``--baseline REV``
 the codecs of git revision REV (its ``lightning_epipe/compressors``, loaded under another
 name) are timed in the same rounds, call for call, and the table shows before, after
 and after / before. Writes ``benchmarks/results/compressors_overhead.json`` (``--overhead-out``) with the load
-average at start and end.
+average at start and end. ``--overhead --cold``: the same calls, but each one after a stage's
+worth of other work (a [64, 1024] x [1024, 1024] matmul and a pass over 16 MiB, not timed),
+as a pipeline calls its codecs between a micro-batch's forward and backward: caches,
+branch predictors and the interpreter's state start cold; tensors up to 128 KiB, 10 calls a
+round; the tables' "before" is then the same codec's calls back to back, in the same round.
 
 Tensors: a ReLU6 activation (MobileNetV2-like, conv output ~ N(0, 2) through ReLU6: about
 half zeros and a few at 6), a GELU activation [8, 128, 768] (RoBERTa-like), and a
@@ -230,15 +234,53 @@ def per_call_us(codec, x: torch.Tensor, calls: int) -> tuple[float, float]:
     return 1e6 * (encoded - start) / calls, 1e6 * (decoded - encoded) / calls
 
 
-def overhead(baseline_rev: str | None, rounds: int, budget_s: float, device: torch.device) -> dict:
+#: Tensor sizes of ``--overhead --cold`` (up to two micro-batches of 32 x 1024 float32).
+COLD_SIZES = [n for n in OVERHEAD_SIZES if n <= 1 << 17]
+#: Calls per round of ``--overhead --cold`` (each call follows a few ms of eviction).
+COLD_CALLS = 10
+
+
+class Evictor:
+    """Other work between two codec calls, as a stage's forward or backward would do: a
+    [64, 1024] x [1024, 1024] matmul and a pass over 16 MiB (CPU)."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.a, self.w = torch.randn(64, 1024, generator=g), torch.randn(1024, 1024, generator=g)
+        self.big = torch.zeros(4 << 20)
+
+    def __call__(self) -> None:
+        torch.relu_(self.a @ self.w)
+        self.big.add_(1.0)
+
+
+def per_call_cold_us(codec, x: torch.Tensor, calls: int, evict: Evictor) -> tuple[float, float]:
+    """Mean (encode, decode) microseconds of ``calls`` calls each, every call timed alone (CPU
+    time of this thread) right after ``evict()``."""
+    encode = decode = 0.0
+    for _ in range(calls):
+        evict()
+        start = time.thread_time()
+        packet = codec.encode(x)
+        encode += time.thread_time() - start
+        evict()
+        start = time.thread_time()
+        codec.decode(packet)
+        decode += time.thread_time() - start
+    return 1e6 * encode / calls, 1e6 * decode / calls
+
+
+def overhead(baseline_rev: str | None, rounds: int, budget_s: float, device: torch.device, cold: bool = False) -> dict:
     """Encode + decode us per call by codec and size; median of ``rounds`` rounds, each
-    round timing the baseline and the current codec back to back on the same tensor."""
+    round timing the baseline and the current codec back to back on the same tensor.
+    ``cold``: every call after other work (:class:`Evictor`), ``COLD_CALLS`` calls a round, CPU only."""
     makers = {"after": get_compressor}
     if baseline_rev:
         makers = {"before": load_baseline(baseline_rev), **makers}
     g = torch.Generator().manual_seed(0)
     rows = []
-    for nbytes in OVERHEAD_SIZES:
+    evict = Evictor() if cold else None
+    for nbytes in (COLD_SIZES if cold else OVERHEAD_SIZES):
         x = torch.relu(torch.randn(max(1, nbytes // 4 // 256), 256, generator=g)).to(device)
         for name, kwargs in OVERHEAD_CODECS:
             codecs = {k: make(name, **kwargs) for k, make in makers.items()}
@@ -246,10 +288,15 @@ def overhead(baseline_rev: str | None, rounds: int, budget_s: float, device: tor
                 c.decode(c.encode(x))
             first = sum(per_call_us(codecs["after"], x, 1))
             calls = max(1, min(200, int(budget_s * 1e6 / max(first, 1.0))))
-            times = {k: [] for k in codecs}
+            timers = {k: (lambda c=c: per_call_us(c, x, calls)) for k, c in codecs.items()}
+            if cold:  # "before": the same codec's calls back to back; "after": each after other work
+                c = codecs["after"]
+                timers = {"before": lambda: per_call_us(c, x, calls),
+                          "after": lambda: per_call_cold_us(c, x, COLD_CALLS, evict)}
+            times = {k: [] for k in timers}
             for _ in range(rounds):
-                for k, c in codecs.items():
-                    times[k].append(per_call_us(c, x, calls))
+                for k, timer in timers.items():
+                    times[k].append(timer())
             row = {"bytes": nbytes, "codec": label(name, kwargs), "calls": calls}
             for k, v in times.items():  # medians over the rounds: of the sum, and of each direction
                 row[f"{k}_us"] = statistics.median(encode + decode for encode, decode in v)
@@ -259,7 +306,11 @@ def overhead(baseline_rev: str | None, rounds: int, budget_s: float, device: tor
                 row["ratio"] = row["after_us"] / row["before_us"]
             rows.append(row)
             print(overhead_line(row), flush=True)
-    return {"baseline": baseline_rev, "threads": torch.get_num_threads(), "rows": rows, "device": device_name(device)}
+    out = {"baseline": baseline_rev, "threads": torch.get_num_threads(), "rows": rows, "device": device_name(device)}
+    if cold:
+        out["cold"] = ("after: every call after a [64, 1024] x [1024, 1024] matmul and a pass over 16 MiB (not timed),"
+                       f" {COLD_CALLS} calls a round; before: the same codec's calls back to back")
+    return out
 
 
 def device_name(device: torch.device) -> str:
@@ -324,11 +375,14 @@ def run_overhead(args: argparse.Namespace) -> None:
     print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}")
     print("| tensor | codec | before us/call | after us/call | after / before |")
     print("|---|---|---:|---:|---:|")
-    result = overhead(args.baseline, args.rounds, args.budget, torch.device(args.device))
+    if args.cold and (torch.device(args.device).type != "cpu" or args.baseline):
+        raise SystemExit("--cold compares a codec's cold CPU calls with its calls back to back: leave out --device and --baseline")
+    result = overhead(args.baseline, args.rounds, args.budget, torch.device(args.device), cold=args.cold)
     load_end = os.getloadavg()
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
-    summary = [overhead_summary(result["rows"]), directions_summary(result["rows"]),
-               directions_summary(result["rows"], MICROBATCH_SIZES)]
+    summary = [directions_summary(result["rows"]), directions_summary(result["rows"], MICROBATCH_SIZES)]
+    if not args.cold:  # the by-size table reaches 64 MiB
+        summary.insert(0, overhead_summary(result["rows"]))
     print("\n\n".join(summary))
     result.update(load_start=load_start, load_end=load_end, tensor="relu(randn) [n/256, 256]", summary=summary)
     out = Path(__file__).parent / "results" / args.overhead_out
@@ -345,6 +399,8 @@ def main() -> None:
                         help="with --overhead: time the codecs of this git revision (or a copy of its tree) too")
     parser.add_argument("--overhead-out", default="compressors_overhead.json",
                         help="with --overhead: file name under benchmarks/results")
+    parser.add_argument("--cold", action="store_true",
+                        help="with --overhead: every call after other work (caches cold), tensors up to 128 KiB")
     parser.add_argument("--rounds", type=int, default=5,
                         help="with --overhead: rounds per codec and size (median taken)")
     parser.add_argument("--budget", type=float, default=0.02,

@@ -4,7 +4,9 @@ import time
 
 import torch
 
-from benchmarks.compressors import load_baseline, overhead_line, overhead_summary, per_call_us, directions_summary
+from benchmarks.compressors import (
+    Evictor, directions_summary, load_baseline, overhead_line, overhead_summary, per_call_cold_us, per_call_us,
+)
 
 
 def test_a_baseline_revision_loads_apart_and_encodes():
@@ -58,3 +60,33 @@ def test_per_call_us_times_encode_and_decode_apart():
 
     encode_us, decode_us = per_call_us(SlowDecode(), torch.zeros(4), calls=3)
     assert decode_us >= 2000 > encode_us
+
+
+def test_cold_calls_time_encode_and_decode_apart_and_leave_out_the_eviction():
+    class SlowDecode:
+        def encode(self, x):
+            return x
+
+        def decode(self, packet):
+            end = time.thread_time() + 0.002
+            while time.thread_time() < end:
+                pass
+            return packet
+
+    evictions = []
+
+    def evict():
+        evictions.append(1)
+        end = time.thread_time() + 0.005  # not timed
+        while time.thread_time() < end:
+            pass
+
+    encode_us, decode_us = per_call_cold_us(SlowDecode(), torch.zeros(4), 3, evict)
+    assert len(evictions) == 6 and 2000 <= decode_us < 4000 and encode_us < 2000
+
+
+def test_the_evictor_runs_a_stage_worth_of_work():
+    evict = Evictor()
+    before = evict.big[0].item()
+    evict()
+    assert evict.big[0].item() == before + 1 and evict.big.numel() * 4 == 16 << 20
