@@ -47,32 +47,25 @@ def test_directions_summary_shows_encode_and_decode_apart():
     assert lines[2] == "| sortquant bits=8 | 46 (0.50) | 17 (1.00) | - | - | 94 | 24 |"
 
 
+class SlowDecode:
+    """A codec whose decode takes 2 ms of CPU time and whose encode takes none."""
+
+    def encode(self, x):
+        return x
+
+    def decode(self, packet):
+        end = time.thread_time() + 0.002
+        while time.thread_time() < end:
+            pass
+        return packet
+
+
 def test_per_call_us_times_encode_and_decode_apart():
-    class SlowDecode:
-        def encode(self, x):
-            return x
-
-        def decode(self, packet):
-            end = time.thread_time() + 0.002
-            while time.thread_time() < end:
-                pass
-            return packet
-
     encode_us, decode_us = per_call_us(SlowDecode(), torch.zeros(4), calls=3)
     assert decode_us >= 2000 > encode_us
 
 
 def test_cold_calls_time_encode_and_decode_apart_and_leave_out_the_eviction():
-    class SlowDecode:
-        def encode(self, x):
-            return x
-
-        def decode(self, packet):
-            end = time.thread_time() + 0.002
-            while time.thread_time() < end:
-                pass
-            return packet
-
     evictions = []
 
     def evict():
