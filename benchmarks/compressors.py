@@ -370,13 +370,13 @@ def load_line(load: tuple[float, float, float]) -> str:
 
 
 def run_overhead(args: argparse.Namespace) -> None:
+    if args.cold and (torch.device(args.device).type != "cpu" or args.baseline):
+        raise SystemExit("--cold compares a codec's cold CPU calls with its calls back to back: leave out --device and --baseline")
     torch.set_num_threads(1)  # thread CPU time is the cost of a call only with one thread
     load_start = os.getloadavg()
     print(f"load average at start: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f}")
     print("| tensor | codec | before us/call | after us/call | after / before |")
     print("|---|---|---:|---:|---:|")
-    if args.cold and (torch.device(args.device).type != "cpu" or args.baseline):
-        raise SystemExit("--cold compares a codec's cold CPU calls with its calls back to back: leave out --device and --baseline")
     result = overhead(args.baseline, args.rounds, args.budget, torch.device(args.device), cold=args.cold)
     load_end = os.getloadavg()
     print(f"load average at end: {load_end[0]:.2f} {load_end[1]:.2f} {load_end[2]:.2f}")
