@@ -288,11 +288,12 @@ def overhead(baseline_rev: str | None, rounds: int, budget_s: float, device: tor
                 c.decode(c.encode(x))
             first = sum(per_call_us(codecs["after"], x, 1))
             calls = max(1, min(200, int(budget_s * 1e6 / max(first, 1.0))))
-            timers = {k: (lambda c=c: per_call_us(c, x, calls)) for k, c in codecs.items()}
             if cold:  # "before": the same codec's calls back to back; "after": each after other work
                 c = codecs["after"]
                 timers = {"before": lambda: per_call_us(c, x, calls),
                           "after": lambda: per_call_cold_us(c, x, COLD_CALLS, evict)}
+            else:
+                timers = {k: (lambda c=c: per_call_us(c, x, calls)) for k, c in codecs.items()}
             times = {k: [] for k in timers}
             for _ in range(rounds):
                 for k, timer in timers.items():

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -34,8 +33,9 @@ RUNS = {
 
 def default_devices() -> int:
     """One process per core this process may run on, at least 2 (a pipeline) and at most 3."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(3, max(2, cores))
+    from lightning_epipe.strategy.launch import usable_cores
+
+    return min(3, max(2, usable_cores()))
 
 
 def train(name: str, out: Path, epochs: int, devices: int) -> None:

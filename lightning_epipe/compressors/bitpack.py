@@ -32,7 +32,7 @@ import torch
 from .cache_blocks import cache_blocks
 
 __all__ = ["pack", "unpack", "pack_into", "unpack_range", "packed_nbytes", "pack_host",
-           "unpack_host", "lookup_packed", "BYTE_WIDTHS", "MAX_WIDTH", "HOST_CODES"]
+           "unpack_host", "lookup_packed", "gather_codes", "BYTE_WIDTHS", "MAX_WIDTH", "HOST_CODES"]
 
 MAX_WIDTH = 32
 #: Codes up to which ``pack`` and ``unpack`` of CPU tensors run in numpy (``pack_host``,
@@ -200,6 +200,21 @@ def lookup_packed(table: torch.Tensor, data: torch.Tensor, width: int, count: in
     for start, stop in cache_blocks(data.numel(), data.device):
         torch.index_select(values, 0, data[start:stop].to(torch.int32), out=rows[start:stop])
     return out[:count]
+
+
+def gather_codes(table: torch.Tensor, data: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    """``table[codes]`` for ``count`` codes of ``width`` bits packed in ``data`` (the torch path of
+    a decode): one gather per byte for ``BYTE_WIDTHS`` (:func:`lookup_packed`), else the codes
+    unpacked and gathered cache block by cache block.
+
+    table: [2**width]; data: [packed_nbytes(count, width)] uint8 on table's device -> [count] of table's dtype.
+    """
+    if width in BYTE_WIDTHS:
+        return lookup_packed(table, data, width, count)
+    out = torch.empty(count, dtype=table.dtype, device=table.device)
+    for start, stop in cache_blocks(count, data.device):
+        torch.index_select(table, 0, unpack_range(data, width, count, start, stop), out=out[start:stop])
+    return out
 
 
 @functools.lru_cache(maxsize=16)

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .base import Compressor
-from .bitpack import BYTE_WIDTHS, lookup_packed, pack_into, packed_nbytes, unpack_host, unpack_range
+from .bitpack import gather_codes, pack_into, packed_nbytes, unpack_host
 from .cache_blocks import cache_blocks
 from .exact import MAX_ENTRIES, exact_bytes, exact_nbytes, parse_exact
 from .host import on_host
@@ -257,12 +257,6 @@ def lookup(levels: Levels, numel: int, dtype: torch.dtype, shape: Sequence[int] 
     table = cast_levels(table, dtype)
     if device.type != "cpu":
         table = table.to(device)
-    if levels.bits in BYTE_WIDTHS:  # one gather per byte of codes
-        out = lookup_packed(table, levels.codes, levels.bits, numel)
-        return out if shape is None else out.reshape(shape)
-    out = torch.empty(numel, dtype=dtype, device=device)
-    for start, stop in cache_blocks(numel, device):
-        codes = unpack_range(levels.codes, levels.bits, numel, start, stop)
-        torch.index_select(table, 0, codes, out=out[start:stop])
+    out = gather_codes(table, levels.codes, levels.bits, numel)
     return out if shape is None else out.reshape(shape)
 

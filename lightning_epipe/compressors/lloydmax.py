@@ -91,7 +91,7 @@ import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .bitpack import BYTE_WIDTHS, lookup_packed, pack_into, packed_nbytes, unpack_host, unpack_range
+from .bitpack import gather_codes, pack_into, packed_nbytes, unpack_host
 from .cache_blocks import cache_blocks
 from .exact import host_values
 from .grid import GRID, Grid, grid_size
@@ -240,13 +240,7 @@ class LloydMax(Compressor):
         if on_host(numel, payload.device):  # one numpy unpack, one gather
             index = torch.from_numpy(unpack_host(codes.numpy(), bits, numel))
             return torch.index_select(table, 0, index).reshape(packet.shape)
-        if bits in BYTE_WIDTHS:  # one gather per byte of codes
-            return lookup_packed(table, codes, bits, numel).reshape(packet.shape)
-        out = torch.empty(numel, dtype=packet.dtype, device=payload.device)
-        for start, stop in cache_blocks(numel, payload.device):
-            index = unpack_range(codes, bits, numel, start, stop)
-            torch.index_select(table, 0, index, out=out[start:stop])
-        return out.reshape(packet.shape)
+        return gather_codes(table, codes, bits, numel).reshape(packet.shape)
 
 
 def fit_levels(sample: torch.Tensor, grid: Grid, levels_n: int, iterations: int,

@@ -95,6 +95,7 @@ def test_glue_encoding_feeds_the_task_columns_to_the_tokenizer(task, columns):
 @pytest.mark.parametrize("cores, expected", [(1, 2), (2, 2), (3, 3), (64, 3)])
 def test_main_job_runs_one_process_per_core_two_to_three(monkeypatch, cores, expected):
     from examples.digits import demo
+    from lightning_epipe.strategy import launch
 
-    monkeypatch.setattr(demo.os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    monkeypatch.setattr(launch, "usable_cores", lambda: cores)
     assert demo.default_devices() == expected
