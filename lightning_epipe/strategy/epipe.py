@@ -255,7 +255,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         if self.is_client:  # the user's self.layers(x) runs the pipeline: Lightning has no hook for a module's call
             layers.forward = self._rank_steps.pipelined_forward  # type: ignore[method-assign]
         clip_across_stages(self.precision_plugin, self.root_device, self.replicas,
-                           lambda: self.lightning_module.automatic_optimization)
+                           lambda optimizer, algorithm, value: self._steps.before_clip(optimizer, self.optimizers, algorithm, value))
         # no collective at every step boundary; SIGTERM stops every rank on the same step
         clients = self._groups.stage if self.is_client else None  # None with one replica
         self._step_start = install_sigterm_handling(trainer, runtime, self.root_device, self.config.timeout,

@@ -34,7 +34,8 @@ def make_data(n: int = 96, features: int = 16, classes: int = 4, seed: int = 0) 
 class TinyNet(L.LightningModule):
     """``layers``: 8 children (Linear/Tanh), so every placement up to 4 processes fits."""
 
-    def __init__(self, lr: float = 0.1, optimizer: str = "sgd", manual: bool = False) -> None:
+    def __init__(self, lr: float = 0.1, optimizer: str = "sgd", manual: bool = False,
+                 manual_clip: tuple[str, float] | None = None) -> None:
         super().__init__()
         torch.manual_seed(1234)
         self.layers = nn.Sequential(
@@ -44,6 +45,7 @@ class TinyNet(L.LightningModule):
         self.lr = lr
         self.optimizer_name = optimizer
         self.automatic_optimization = not manual
+        self.manual_clip = manual_clip  # manual optimization: (algorithm, value) for self.clip_gradients
         self.losses: list[float] = []
         self.val_losses: list[float] = []
 
@@ -56,6 +58,9 @@ class TinyNet(L.LightningModule):
             opt = self.optimizers()
             opt.zero_grad()
             self.manual_backward(loss)
+            if self.manual_clip is not None:
+                algorithm, value = self.manual_clip
+                self.clip_gradients(opt, gradient_clip_val=value, gradient_clip_algorithm=algorithm)
             opt.step()
         return loss
 
@@ -191,6 +196,7 @@ def main() -> None:
     p.add_argument("--placement", default="client-server")
     p.add_argument("--optimizer", default="sgd")
     p.add_argument("--manual", action="store_true")
+    p.add_argument("--manual-clip", default=None, help="manual optimization's clip_gradients, e.g. norm:0.05 or value:0.01")
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--accumulate", type=int, default=1)
     p.add_argument("--timeout", type=float, default=60)
@@ -226,7 +232,11 @@ def main() -> None:
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
         process_group_backend=args.backend, bind_cores=args.bind_cores,
     )
-    model = TinyNet(optimizer=args.optimizer, manual=args.manual)
+    manual_clip = None
+    if args.manual_clip:
+        algorithm, value = args.manual_clip.split(":")
+        manual_clip = (algorithm, float(value))
+    model = TinyNet(optimizer=args.optimizer, manual=args.manual, manual_clip=manual_clip)
     if args.balance == "time":
         model.example_input_array = torch.zeros(8, 16)
     if args.compressor == "bottleneck":  # real samples: the bottlenecks start from their PCA

@@ -22,6 +22,11 @@ CASES = {
     "client-server-3": (["--devices", "3"], dict(steps=4, batch_size=16)),
     "chain-3-adam": (["--devices", "3", "--placement", "chain", "--optimizer", "adam"], dict(steps=4, batch_size=16, optimizer="adam")),
     "client-server-2-manual": (["--devices", "2", "--manual"], dict(steps=4, batch_size=16, manual=True)),
+    # manual optimization's self.clip_gradients: every server clips too (by norm, over every stage)
+    "manual-clip-norm": (["--devices", "3", "--manual", "--manual-clip", "norm:0.05"],
+                         dict(steps=4, batch_size=16, manual=True, manual_clip=("norm", 0.05))),
+    "manual-clip-value-chain": (["--devices", "2", "--placement", "chain", "--manual", "--manual-clip", "value:0.01"],
+                                dict(steps=4, batch_size=16, manual=True, manual_clip=("value", 0.01))),
     "clip-and-accumulate": (["--devices", "3", "--clip", "0.05", "--accumulate", "2"], dict(steps=3, batch_size=16, clip=0.05, accumulate=2)),
     "recompute-except-last": (["--devices", "3", "--checkpoint", "except_last"], dict(steps=3, batch_size=16)),
     "balance-by-time": (["--devices", "3", "--balance", "time"], dict(steps=3, batch_size=16)),

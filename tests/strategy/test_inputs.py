@@ -74,7 +74,7 @@ def test_input_layouts_change_between_steps_and_arrive_intact(whole_input_bytes,
         runtime.transport.flush()
 
     def server():
-        hooks = ServerHooks(lambda: None, lambda i: None, contextlib.nullcontext)
+        hooks = ServerHooks(lambda: None, lambda i: None, contextlib.nullcontext, lambda i, algorithm, value: None)
         for _ in batches:
             assert serve_step(runtimes[1], hooks, training=False) is StepEnd.EVALUATED
         runtimes[1].transport.flush()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from lightning_epipe.strategy.comm.wire import HEADER_LEN, Header, Kind, WireError, checksum
+from lightning_epipe.strategy.comm.wire import HEADER_LEN, ClipAlgorithm, Command, Header, Kind, WireError, checksum, clip_value
 
 
 def _header(**kw):
@@ -65,3 +65,19 @@ def _frame(header: Header) -> torch.Tensor:
     frame = torch.zeros(HEADER_LEN * 8, dtype=torch.uint8)
     header.write(frame)
     return frame
+
+
+@pytest.mark.parametrize("value", [1e-300, 0.05, 1.0, 3.5e38, float("inf")])
+@pytest.mark.parametrize("algorithm", list(ClipAlgorithm))
+def test_clip_command_carries_its_value_exactly(value, algorithm):
+    """Manual optimization's clip: optimizer, algorithm and the float64 value survive the header."""
+    h = Header.clip(5, 2, algorithm, value).framed(0)
+    got = Header.from_tensor(h.to_tensor(), "link")
+    assert (got.arg, got.microbatch, ClipAlgorithm(got.flags)) == (Command.CLIP_GRADIENTS, 2, algorithm)
+    assert clip_value(got.num_microbatches) == value
+
+
+@pytest.mark.parametrize("value", [0.0, -0.5, float("nan")])
+def test_clip_command_refuses_a_value_lightning_would_not_clip_with(value):
+    with pytest.raises(ValueError, match="clip value must be positive"):
+        Header.clip(5, 0, ClipAlgorithm.NORM, value)

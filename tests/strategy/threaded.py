@@ -92,10 +92,15 @@ def _no_optimizer_step(index: int) -> None:
     raise AssertionError("automatic optimization sends no OPTIMIZER_STEP")
 
 
+def _no_clip(index: int, algorithm, value: float) -> None:
+    raise AssertionError("automatic optimization sends no CLIP_GRADIENTS")
+
+
 def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int, open_ends: list[tuple[int, int]]) -> None:
     """The strategy's own server loop; Lightning's part (backward, optimizer step) done by hand."""
     hooks = ServerHooks(after_backward=lambda: None, optimizer_step=_no_optimizer_step,
-                        set_gradients_aside=contextlib.nullcontext)  # 1F1B's gradients stay for the SGD below
+                        set_gradients_aside=contextlib.nullcontext,  # 1F1B's gradients stay for the SGD below
+                        clip_gradients=_no_clip)
     for _ in range(steps):
         assert serve_step(runtime, hooks, training=True) is StepEnd.FINISHED
         runtime.backward()

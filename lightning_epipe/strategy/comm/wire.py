@@ -18,11 +18,11 @@ import torch
 import xxhash
 from torch import Tensor
 
-__all__ = ["Kind", "Direction", "Flag", "StepFlag", "Command", "Header", "WireError", "HEADER_LEN", "HEADER_NBYTES",
-           "MAX_PAYLOAD", "checksum"]
+__all__ = ["Kind", "Direction", "Flag", "StepFlag", "Command", "ClipAlgorithm", "Header", "WireError", "HEADER_LEN",
+           "HEADER_NBYTES", "MAX_PAYLOAD", "checksum", "clip_value"]
 
 MAGIC = 0x45504950  # "EPIP"
-VERSION = 3  # 3: every training batch starts with BATCH_START or STOP (2: payload checksums are XXH3-64; 1: CRC32)
+VERSION = 4  # 4: CLIP_GRADIENTS (3: every training batch starts with BATCH_START or STOP; 2: payload checksums are XXH3-64; 1: CRC32)
 HEADER_LEN = 12
 HEADER_NBYTES = 8 * HEADER_LEN  # 96: a frame's header, a multiple of 8 so payloads stay aligned
 _HEADER = struct.Struct(f"={HEADER_LEN}q")  # native int64s, as the tensor view of a frame reads them
@@ -85,6 +85,15 @@ class Command(enum.IntEnum):
     SKIP_STEP = 5
     STOP = 6  # the client stopped on SIGTERM (before a training batch, or between evaluation batches): stop where you wait
     BATCH_START = 7  # a training batch begins, where Lightning would broadcast rank 0's SIGTERM flag: go on
+    CLIP_GRADIENTS = 8  # manual optimization's clip_gradients: optimizer index, ClipAlgorithm in flags, the value
+
+
+class ClipAlgorithm(enum.IntEnum):
+    """How a ``CLIP_GRADIENTS`` command clips (in its header's ``flags``), as Lightning's
+    ``gradient_clip_algorithm``."""
+
+    NORM = 0
+    VALUE = 1
 
 
 _DIRECTIONS = {Kind.ACTIVATION: Direction.ACTIVATION, Kind.GRADIENT: Direction.GRADIENT, Kind.INPUT: Direction.INPUT}
@@ -119,6 +128,16 @@ class Header:
         """The client's ``command`` for ``step``: a FORWARD carries the step's micro-batch count and
         :class:`StepFlag` bits, an OPTIMIZER_STEP its optimizer's index (in the micro-batch field)."""
         return cls(Kind.CONTROL, step, optimizer, num_microbatches, 0, 1, flags, arg=command)
+
+    @classmethod
+    def clip(cls, step: int, optimizer: int, algorithm: "ClipAlgorithm", value: float) -> "Header":
+        """Manual optimization's ``clip_gradients`` of optimizer ``optimizer`` at ``step``: ``value``
+        (> 0: Lightning clips nothing otherwise) travels as its float64 bits, a non-negative int64,
+        in the micro-batch count field (:func:`clip_value` reads it back)."""
+        if not value > 0:
+            raise ValueError(f"a clip value must be positive, got {value}")
+        bits = struct.unpack("=q", struct.pack("=d", float(value)))[0]
+        return cls(Kind.CONTROL, step, optimizer, bits, 0, 1, int(algorithm), arg=Command.CLIP_GRADIENTS)
 
     @classmethod
     def sample_ids(cls, step: int, num_microbatches: int, num_samples: int) -> "Header":
@@ -193,6 +212,11 @@ def _name(field: str, value: int) -> str:
     if field == "arg" and value in Command._value2member_map_:
         return Command(value).name
     return str(value)
+
+
+def clip_value(bits: int) -> float:
+    """The clip value a :meth:`Header.clip` carries in its micro-batch count field."""
+    return struct.unpack("=d", struct.pack("=q", bits))[0]
 
 
 def checksum(payload: Tensor) -> int:

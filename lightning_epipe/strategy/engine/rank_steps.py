@@ -23,11 +23,11 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 
-from lightning_epipe.strategy.comm.wire import Command
+from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command
 from lightning_epipe.strategy.engine.after_backward import finish_backward
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step, step_optimizer
+from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, clip_optimizer, serve_step, step_optimizer
 
 __all__ = ["RankSteps"]
 
@@ -68,7 +68,8 @@ class RankSteps:
     def _serve(self, training: bool, automatic: bool) -> Optional[Tensor]:
         """A server's step hook: what Lightning expects back once the client ended the step."""
         hooks = ServerHooks(after_backward=self.after_backward, optimizer_step=partial(step_optimizer, self.module),
-                            set_gradients_aside=lambda: self.client.stash.set_aside(self.module))
+                            set_gradients_aside=lambda: self.client.stash.set_aside(self.module),
+                            clip_gradients=partial(clip_optimizer, self.module))
         end = serve_step(self.runtime, hooks, training)
         if end is StepEnd.STOPPED:  # as the client did: Lightning's way out on SIGTERM
             raise SIGTERMException()
@@ -129,7 +130,13 @@ class RankSteps:
         """Manual optimization on the client: every server steps ``optimizer`` (one of ``optimizers``,
         perhaps inside Lightning's wrapper) too."""
         if self.is_client and not self.module.automatic_optimization:
-            self.runtime.command(Command.OPTIMIZER_STEP, arg=optimizers.index(getattr(optimizer, "_optimizer", optimizer)))
+            self.runtime.command(Command.OPTIMIZER_STEP, arg=_index(optimizer, optimizers))
+
+    def before_clip(self, optimizer: Any, optimizers: list[Any], algorithm: ClipAlgorithm, value: float) -> None:
+        """Manual optimization on the client: every server clips ``optimizer``'s gradients too (by
+        norm, the norm over every stage: all ranks take part)."""
+        if self.is_client and not self.module.automatic_optimization:
+            self.runtime.clip_command(_index(optimizer, optimizers), algorithm, value)
 
     def stop_servers(self) -> None:
         """SIGTERM outside fit stopped the client between two batches, where every server waits
@@ -139,3 +146,8 @@ class RankSteps:
             self.runtime.transport.flush()
         except Exception as error:  # a server already gone: it ends on its own
             log.info("EPipeStrategy: could not tell the servers to stop (%s)", error)
+
+
+def _index(optimizer: Any, optimizers: list[Any]) -> int:
+    """The index of ``optimizer`` (perhaps inside Lightning's wrapper) in the strategy's ``optimizers``."""
+    return optimizers.index(getattr(optimizer, "_optimizer", optimizer))

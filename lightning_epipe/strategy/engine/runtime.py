@@ -38,7 +38,7 @@ from lightning_epipe.strategy.engine.schedule import rank_tasks, rank_tasks_1f1b
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.engine.timing import ComputeTimer
 from lightning_epipe.strategy.comm.transport import Transport
-from lightning_epipe.strategy.comm.wire import Command, Direction, Flag, Header, Kind, StepFlag, WireError
+from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command, Direction, Flag, Header, Kind, StepFlag, WireError
 
 __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "WHOLE_INPUT_BYTES"]
 
@@ -181,6 +181,11 @@ class PipelineRuntime:
         """Client only: tell every server what to do next."""
         for peer in range(1, self.plan.num_ranks):
             self.transport.send(peer, Header.command(command, self.step, num_microbatches, flags, optimizer=arg))
+
+    def clip_command(self, optimizer: int, algorithm: ClipAlgorithm, value: float) -> None:
+        """Client only: every server clips optimizer ``optimizer``'s gradients as this rank does."""
+        for peer in range(1, self.plan.num_ranks):
+            self.transport.send(peer, Header.clip(self.step, optimizer, algorithm, value))
 
     def next_command(self) -> ControlMessage:
         """Server only: wait for the client's next command."""

@@ -10,6 +10,8 @@ reads the client's commands from the control stream and drives this rank's
                    bits (grad enabled, sample ids follow, the step runs as 1F1B)
 ``BACKWARD``       manual optimization's ``manual_backward``: run the backward
 ``OPTIMIZER_STEP`` manual optimization: step optimizer ``arg``
+``CLIP_GRADIENTS`` manual optimization's ``clip_gradients``: clip optimizer ``arg``'s
+                   gradients (by norm over every stage, or by value) as the client does
 ``FINISH_STEP``    the client's step returned: return (automatic optimization's
                    backward comes next, from Lightning)
 ``SKIP_STEP``      the step is skipped on every rank (NaN/Inf, or ``None`` loss)
@@ -28,12 +30,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
 
 import torch
+from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lightning_epipe.strategy.engine.microbatch import scatter
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.comm.wire import Command, StepFlag
+from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command, StepFlag, clip_value
 
-__all__ = ["StepEnd", "ServerHooks", "serve_step", "step_optimizer"]
+__all__ = ["StepEnd", "ServerHooks", "serve_step", "step_optimizer", "clip_optimizer"]
 
 
 class StepEnd(enum.Enum):
@@ -52,6 +55,7 @@ class ServerHooks:
     after_backward: Callable[[], None]  # agree on NaN/Inf, average over replicas
     optimizer_step: Callable[[int], None]  # step optimizer ``index`` (manual optimization)
     set_gradients_aside: Callable[[], ContextManager[Any]]  # 1F1B: keep the step's gradients from zero_grad
+    clip_gradients: Callable[[int, ClipAlgorithm, float], None]  # clip optimizer ``index``'s gradients (manual)
 
 
 def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> StepEnd:
@@ -76,6 +80,8 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
             hooks.after_backward()
         elif msg.command == Command.OPTIMIZER_STEP:
             hooks.optimizer_step(msg.arg)
+        elif msg.command == Command.CLIP_GRADIENTS:
+            hooks.clip_gradients(msg.arg, ClipAlgorithm(msg.flags), clip_value(msg.num_microbatches))
         elif msg.command == Command.SKIP_STEP:
             runtime.discard()
             return StepEnd.SKIPPED
@@ -97,3 +103,11 @@ def step_optimizer(module: Any, index: int) -> None:
     optimizer = optimizers[index] if isinstance(optimizers, list) else optimizers
     optimizer.step()
     optimizer.zero_grad()
+
+
+def clip_optimizer(module: Any, index: int, algorithm: ClipAlgorithm, value: float) -> None:
+    """Manual optimization's ``CLIP_GRADIENTS`` on a server: clip optimizer ``index``'s gradients
+    through the precision plugin, as ``LightningModule.clip_gradients`` does on the client."""
+    optimizers = module.optimizers(use_pl_optimizer=False)
+    optimizer = optimizers[index] if isinstance(optimizers, list) else optimizers
+    module.trainer.precision_plugin.clip_gradients(optimizer, value, GradClipAlgorithmType(algorithm.name.lower()))
