@@ -40,7 +40,7 @@ CASES = {
 }
 
 
-SLOW = {"1f1b-chain-accumulate", "balance-by-time"}
+SLOW = {"1f1b-chain-accumulate", "balance-by-time", "manual-clip-norm"}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])

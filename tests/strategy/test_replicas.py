@@ -42,6 +42,8 @@ def reference_on_global_batches(steps: int, clip=None, **model_kwargs) -> TinyNe
 @pytest.mark.parametrize("case", [
     ["--placement", "client-server"],
     pytest.param(["--placement", "chain", "--optimizer", "adam", "--clip", "0.05"], marks=pytest.mark.slow),
+    # manual optimization's clip by norm: the norm over every stage, counted once over the replicas
+    pytest.param(["--placement", "client-server", "--manual", "--manual-clip", "norm:0.05"], marks=pytest.mark.slow),
 ])
 def test_two_pipelines_of_two_match_one_process_on_the_global_batch(case, tmp_path):
     out = tmp_path / "r.pt"
@@ -50,6 +52,8 @@ def test_two_pipelines_of_two_match_one_process_on_the_global_batch(case, tmp_pa
               env={"PL_GLOBAL_SEED": "0"})
     got = torch.load(out, weights_only=False)
     kwargs = {"optimizer": "adam"} if "adam" in case else {}
+    if "--manual" in case:
+        kwargs.update(manual=True, manual_clip=("norm", 0.05))
     ref = reference_on_global_batches(5, clip=0.05 if "--clip" in case else None, **kwargs)
     for name, value in ref.state_dict().items():
         torch.testing.assert_close(got["state_dict"][name], value, rtol=1e-5, atol=5e-5 if kwargs else 1e-6, msg=name)
