@@ -99,8 +99,7 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
 def step_optimizer(module: Any, index: int) -> None:
     """Manual optimization's ``OPTIMIZER_STEP`` on a server: step and zero optimizer ``index`` of the
     LightningModule ``module``, through its ``LightningOptimizer`` so this rank's global_step advances too."""
-    optimizers = module.optimizers(use_pl_optimizer=True)
-    optimizer = optimizers[index] if isinstance(optimizers, list) else optimizers
+    optimizer = _optimizer(module, index, lightning_wrapper=True)
     optimizer.step()
     optimizer.zero_grad()
 
@@ -108,6 +107,11 @@ def step_optimizer(module: Any, index: int) -> None:
 def clip_optimizer(module: Any, index: int, algorithm: ClipAlgorithm, value: float) -> None:
     """Manual optimization's ``CLIP_GRADIENTS`` on a server: clip optimizer ``index``'s gradients
     through the precision plugin, as ``LightningModule.clip_gradients`` does on the client."""
-    optimizers = module.optimizers(use_pl_optimizer=False)
-    optimizer = optimizers[index] if isinstance(optimizers, list) else optimizers
-    module.trainer.precision_plugin.clip_gradients(optimizer, value, GradClipAlgorithmType(algorithm.name.lower()))
+    module.trainer.precision_plugin.clip_gradients(_optimizer(module, index), value,
+                                                   GradClipAlgorithmType(algorithm.name.lower()))
+
+
+def _optimizer(module: Any, index: int, lightning_wrapper: bool = False) -> Any:
+    """The LightningModule's optimizer ``index`` (in Lightning's ``LightningOptimizer`` wrapper, or bare)."""
+    optimizers = module.optimizers(use_pl_optimizer=lightning_wrapper)
+    return optimizers[index] if isinstance(optimizers, list) else optimizers
