@@ -20,7 +20,8 @@ class _Commands:
 
     def next_command(self) -> ControlMessage:
         h = self.headers.pop(0)
-        return ControlMessage(Command(h.arg), h.step, h.num_microbatches, h.microbatch, h.flags)
+        clip = h.clip_args("link") if h.arg == Command.CLIP_GRADIENTS else None
+        return ControlMessage(Command(h.arg), h.step, h.num_microbatches, h.microbatch, h.flags, clip)
 
     def discard(self) -> None:
         self.discarded += 1

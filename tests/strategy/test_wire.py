@@ -1,7 +1,9 @@
+import dataclasses
+
 import pytest
 import torch
 
-from lightning_epipe.strategy.comm.wire import HEADER_LEN, ClipAlgorithm, Command, Header, Kind, WireError, checksum, clip_value
+from lightning_epipe.strategy.comm.wire import HEADER_LEN, ClipAlgorithm, Command, Header, Kind, WireError, checksum
 
 
 def _header(**kw):
@@ -73,11 +75,19 @@ def test_clip_command_carries_its_value_exactly(value, algorithm):
     """Manual optimization's clip: optimizer, algorithm and the float64 value survive the header."""
     h = Header.clip(5, 2, algorithm, value).framed(0)
     got = Header.from_tensor(h.to_tensor(), "link")
-    assert (got.arg, got.microbatch, ClipAlgorithm(got.flags)) == (Command.CLIP_GRADIENTS, 2, algorithm)
-    assert clip_value(got.num_microbatches) == value
+    assert (got.arg, got.microbatch) == (Command.CLIP_GRADIENTS, 2)
+    assert got.clip_args("link") == (algorithm, value)
 
 
 @pytest.mark.parametrize("value", [0.0, -0.5, float("nan")])
 def test_clip_command_refuses_a_value_lightning_would_not_clip_with(value):
     with pytest.raises(ValueError, match="clip value must be positive"):
         Header.clip(5, 0, ClipAlgorithm.NORM, value)
+
+
+@pytest.mark.parametrize(("field", "value"), [("flags", 2), ("num_microbatches", 0), ("num_microbatches", 9221120237041090560)])
+def test_corrupted_clip_command_names_the_link(field, value):
+    """An algorithm or value a clip header never carries (here 2, 0.0 and a NaN's bits) is a WireError."""
+    h = dataclasses.replace(Header.clip(5, 0, ClipAlgorithm.NORM, 0.5), **{field: value})
+    with pytest.raises(WireError, match="link rank 0 -> rank 1: CLIP_GRADIENTS with algorithm .* the stream is corrupted"):
+        h.clip_args("link rank 0 -> rank 1")

@@ -19,7 +19,7 @@ import xxhash
 from torch import Tensor
 
 __all__ = ["Kind", "Direction", "Flag", "StepFlag", "Command", "ClipAlgorithm", "Header", "WireError", "HEADER_LEN",
-           "HEADER_NBYTES", "MAX_PAYLOAD", "checksum", "clip_value"]
+           "HEADER_NBYTES", "MAX_PAYLOAD", "checksum"]
 
 MAGIC = 0x45504950  # "EPIP"
 VERSION = 4  # 4: CLIP_GRADIENTS (3: every training batch starts with BATCH_START or STOP; 2: payload checksums are XXH3-64; 1: CRC32)
@@ -133,11 +133,18 @@ class Header:
     def clip(cls, step: int, optimizer: int, algorithm: "ClipAlgorithm", value: float) -> "Header":
         """Manual optimization's ``clip_gradients`` of optimizer ``optimizer`` at ``step``: ``value``
         (> 0: Lightning clips nothing otherwise) travels as its float64 bits, a non-negative int64,
-        in the micro-batch count field (:func:`clip_value` reads it back)."""
+        in the micro-batch count field (:meth:`clip_args` reads it back)."""
         if not value > 0:
             raise ValueError(f"a clip value must be positive, got {value}")
         bits = struct.unpack("=q", struct.pack("=d", float(value)))[0]
         return cls(Kind.CONTROL, step, optimizer, bits, 0, 1, int(algorithm), arg=Command.CLIP_GRADIENTS)
+
+    def clip_args(self, link: str) -> tuple["ClipAlgorithm", float]:
+        """The algorithm and value of a :meth:`clip` header; :class:`WireError` if they are not ones it writes."""
+        value = struct.unpack("=d", struct.pack("=q", self.num_microbatches))[0]
+        if self.flags not in ClipAlgorithm._value2member_map_ or not value > 0:
+            raise WireError(f"{link}: CLIP_GRADIENTS with algorithm {self.flags} and value {value}: the stream is corrupted")
+        return ClipAlgorithm(self.flags), value
 
     @classmethod
     def sample_ids(cls, step: int, num_microbatches: int, num_samples: int) -> "Header":
@@ -212,11 +219,6 @@ def _name(field: str, value: int) -> str:
     if field == "arg" and value in Command._value2member_map_:
         return Command(value).name
     return str(value)
-
-
-def clip_value(bits: int) -> float:
-    """The clip value a :meth:`Header.clip` carries in its micro-batch count field."""
-    return struct.unpack("=d", struct.pack("=q", bits))[0]
 
 
 def checksum(payload: Tensor) -> int:

@@ -85,6 +85,7 @@ class ControlMessage:
     num_microbatches: int = 0
     arg: int = 0
     flags: int = 0
+    clip: Optional[tuple[ClipAlgorithm, float]] = None  # CLIP_GRADIENTS: how and by what
 
 
 @dataclass
@@ -202,7 +203,8 @@ class PipelineRuntime:
                 f"{self.transport.link(0, False)}: {command.name} for step {h.step} but this rank is at step"
                 f" {self.step}: the ranks ran a different number of steps (do all of them see the same number of batches?)"
             )
-        return ControlMessage(command, h.step, h.num_microbatches, h.microbatch, h.flags)
+        clip = h.clip_args(self.transport.link(0, False)) if command == Command.CLIP_GRADIENTS else None
+        return ControlMessage(command, h.step, h.num_microbatches, h.microbatch, h.flags, clip)
 
     # ------------------------------------------------------------------ forward
 

@@ -34,7 +34,7 @@ from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lightning_epipe.strategy.engine.microbatch import scatter
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command, StepFlag, clip_value
+from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command, StepFlag
 
 __all__ = ["StepEnd", "ServerHooks", "serve_step", "step_optimizer", "clip_optimizer"]
 
@@ -81,7 +81,7 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
         elif msg.command == Command.OPTIMIZER_STEP:
             hooks.optimizer_step(msg.arg)
         elif msg.command == Command.CLIP_GRADIENTS:
-            hooks.clip_gradients(msg.arg, ClipAlgorithm(msg.flags), clip_value(msg.num_microbatches))
+            hooks.clip_gradients(msg.arg, *msg.clip)
         elif msg.command == Command.SKIP_STEP:
             runtime.discard()
             return StepEnd.SKIPPED
