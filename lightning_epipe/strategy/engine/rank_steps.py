@@ -50,6 +50,11 @@ class RankSteps:
     def is_client(self) -> bool:
         return self.runtime.rank == 0
 
+    @property
+    def _drives_manual_steps(self) -> bool:
+        """The client under manual optimization: the user's optimizer calls reach the servers as commands."""
+        return self.is_client and not self.module.automatic_optimization
+
     def pipelined_forward(self, inputs: Any) -> Any:
         """The client's ``self.layers(x)``: run the whole pipeline, return the gathered output."""
         return self.client.forward(self.runtime, self.module, inputs)
@@ -129,13 +134,13 @@ class RankSteps:
     def before_optimizer_step(self, optimizer: Any, optimizers: list[Any]) -> None:
         """Manual optimization on the client: every server steps ``optimizer`` (one of ``optimizers``,
         perhaps inside Lightning's wrapper) too."""
-        if self.is_client and not self.module.automatic_optimization:
+        if self._drives_manual_steps:
             self.runtime.command(Command.OPTIMIZER_STEP, arg=_index(optimizer, optimizers))
 
     def before_clip(self, optimizer: Any, optimizers: list[Any], algorithm: ClipAlgorithm, value: float) -> None:
         """Manual optimization on the client: every server clips ``optimizer``'s gradients too (by
         norm, the norm over every stage: all ranks take part)."""
-        if self.is_client and not self.module.automatic_optimization:
+        if self._drives_manual_steps:
             self.runtime.clip_command(_index(optimizer, optimizers), algorithm, value)
 
     def stop_servers(self) -> None:
