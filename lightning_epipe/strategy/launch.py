@@ -8,6 +8,8 @@ from typing import Any, Callable, Optional
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher, _SubprocessScriptLauncher
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from lightning_epipe.strategy.compression.bottleneck_layers import ATTRIBUTE, bottleneck_layout, rebuild_bottlenecks
+
 __all__ = ["ScriptLauncher", "SpawnLauncher", "make_launcher", "more_processes_than_cores", "usable_cores"]
 
 
@@ -51,9 +53,26 @@ class ScriptLauncher(_ChecksModelFirst, _SubprocessScriptLauncher):
 
 
 class SpawnLauncher(_ChecksModelFirst, _MultiProcessingLauncher):
+    """Lightning's launcher for ``start_method`` spawn, fork or forkserver. The launching process
+    is not a rank: after a fit it gets rank 0's weights, and with them the learned bottlenecks,
+    which rank 0 built (the launching process's module has no pairs to load them into)."""
+
     def __init__(self, strategy: Any, start_method: str) -> None:
         super().__init__(strategy, start_method=start_method)
         self._epipe_strategy = strategy
+
+    def get_extra_results(self, trainer: Any) -> dict[str, Any]:
+        extra = super().get_extra_results(trainer)
+        if hasattr(trainer.lightning_module, ATTRIBUTE):  # built at setup, with the plan
+            extra[ATTRIBUTE] = bottleneck_layout(trainer.lightning_module, self._epipe_strategy.plan.num_cuts)
+        return extra
+
+    def _recover_results_in_main_process(self, worker_output: Any, trainer: Any) -> None:
+        layout = worker_output.extra.get(ATTRIBUTE)
+        if layout is not None and worker_output.weights_path is not None:
+            specs = self._epipe_strategy.config.codec_book(layout["num_cuts"]).bottlenecks()
+            rebuild_bottlenecks(trainer.lightning_module, specs, layout)
+        super()._recover_results_in_main_process(worker_output, trainer)
 
 
 def make_launcher(strategy: Any, backend: Optional[str]) -> Any:

@@ -3,8 +3,10 @@
     python tests/strategy/scenario.py --out result.pt --devices 3 --steps 4 --compressor none
 
 Lightning's launcher re-runs this script once per rank; rank 0 writes the losses it saw and
-the consolidated weights to ``--out``. ``reference()`` trains the same module in one
-process without the strategy.
+the consolidated weights to ``--out``. Under ``--start-method fork`` or ``spawn`` the ranks
+are the launching process's children: rank 0 writes what it saw, and this process adds the
+weights Lightning gave back to it. ``reference()`` trains the same module in one process
+without the strategy.
 """
 
 from __future__ import annotations
@@ -112,6 +114,43 @@ class PrintCores(L.Callback):
     def on_train_start(self, trainer, pl_module):
         threads = {int(t): sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
         print(f"rank {trainer.global_rank} cores {sorted(os.sched_getaffinity(0))} threads {json.dumps(threads)}", flush=True)
+
+
+def rank_zero_result(trainer, model) -> dict:
+    """What rank 0 saw in training: its losses and metrics, its counters per link, auto's choices."""
+    strategy = trainer.strategy
+    return {"losses": model.losses, "val_losses": model.val_losses, "device": str(strategy.root_device),
+            "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+            "stats": link_stats(trainer), "auto": strategy.auto_choices,
+            "auto_history": [{"step": step, "link": f"{c.direction}/cut{c.cut}", "codec": c.label,
+                              "bandwidth": c.bandwidth, "reason": c.reason} for step, c in strategy.auto_history]}
+
+
+def link_stats(trainer) -> dict:
+    """Rank 0's counters per link (messages, bytes on the wire, raw bytes, ...) so far."""
+    return {k.label(0): v.as_list() for k, v in trainer.strategy.stats.links.items()}
+
+
+class SaveRankZeroResult(L.Callback):
+    """Under a spawning launcher (the launching process is not a rank, and Lightning returns no
+    predictions from it), rank 0 writes what it saw in training to ``path`` at the end of fit, and
+    adds its predictions at the end of predict."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.predictions: list[torch.Tensor] = []
+
+    def on_fit_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            torch.save(rank_zero_result(trainer, pl_module), self.path)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.predictions.append(outputs)
+
+    def on_predict_end(self, trainer, pl_module):
+        if trainer.is_global_zero:
+            result = torch.load(self.path, weights_only=False)
+            torch.save({**result, "predictions": torch.cat(self.predictions)}, self.path)
 
 
 class InjectFault(L.Callback):
@@ -247,6 +286,8 @@ def main() -> None:
         callbacks.append(InjectFault(args.fault, args.fault_rank, args.fault_step))
     if args.bind_cores:
         callbacks.append(PrintCores())
+    if args.start_method != "popen":
+        callbacks.append(SaveRankZeroResult(args.out))
     if args.ckpt_dir:
         callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, filename="{epoch}", save_top_k=-1, every_n_epochs=1))
     if args.val:
@@ -276,24 +317,18 @@ def main() -> None:
     except SIGTERMException:
         print(f"rank {trainer.global_rank} stopped by SIGTERM at global_step {trainer.global_step}", flush=True)
         raise
-    callback_metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    if args.start_method != "popen":  # the launching process is not a rank: it gets rank 0's weights back
-        torch.save({"state_dict": model.state_dict()}, args.out)
+    if args.start_method != "popen":  # the launching process is not a rank: rank 0 wrote what it saw
+        # (SaveRankZeroResult), and Lightning's launcher gave the trained weights back to this one;
+        # forked ranks predict next (spawned ones would import everything again: left out)
+        if args.start_method == "fork":
+            trainer.predict(model, loader(args.batch_size))
+        torch.save({**torch.load(args.out, weights_only=False), "state_dict": model.state_dict()}, args.out)
         return
+    result = rank_zero_result(trainer, model)
+    predictions = trainer.predict(model, loader(args.batch_size))
     if trainer.is_global_zero:
-        predictions = trainer.predict(model, loader(args.batch_size))
-        torch.save(
-            {"losses": model.losses, "val_losses": model.val_losses, "state_dict": model.state_dict(),
-             "device": str(strategy.root_device),
-             "predictions": torch.cat(predictions), "callback_metrics": callback_metrics,
-             "stats": {k.label(0): v.as_list() for k, v in strategy.stats.links.items()},
-             "auto": strategy.auto_choices,
-             "auto_history": [{"step": step, "link": f"{c.direction}/cut{c.cut}", "codec": c.label,
-                               "bandwidth": c.bandwidth, "reason": c.reason} for step, c in strategy.auto_history]},
-            args.out,
-        )
-    else:
-        trainer.predict(model, loader(args.batch_size))
+        torch.save({**result, "state_dict": model.state_dict(), "predictions": torch.cat(predictions),
+                    "stats": link_stats(trainer)}, args.out)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,21 @@ def test_full_ratio_bottleneck_starts_as_the_identity(tmp_path):
     assert {k.split(".")[1] for k in pairs} == {"0", "1", "2"}      # one pair per cut, all gathered
 
 
+def test_a_launching_process_that_is_not_a_rank_gets_the_trained_pairs(tmp_path):
+    """start_method="fork": rank 0 built the pairs, so the launching process's module had none to
+    load Lightning's returned weights into; it gets them as trained (those of the last
+    checkpoint), and the predict launched from it runs with them."""
+    out = tmp_path / "r.pt"
+    run_ranks(SCRIPT, "--out", out, "--epochs", 1, "--compressor", "bottleneck", "--ckpt-dir", tmp_path / "ck",
+              "--start-method", "fork", timeout=240)
+    got = torch.load(out, weights_only=False)
+    trained = torch.load(tmp_path / "ck" / "epoch=0.ckpt", weights_only=False)["epipe"]["bottlenecks"]
+    assert sorted(trained) == sorted(k for k in got["state_dict"] if k.startswith("epipe_bottlenecks."))
+    for name, value in trained.items():
+        torch.testing.assert_close(got["state_dict"][name], value, rtol=0, atol=0, msg=name)
+    assert got["predictions"].shape == (96, 4) and torch.isfinite(got["predictions"]).all()
+
+
 @pytest.mark.slow
 def test_compressed_bottleneck_with_error_feedback_resumes_exactly(tmp_path):
     full, ckpt = run_and_resume(tmp_path, "--compressor", "bottleneck", "--bits", 4, "--error-feedback",

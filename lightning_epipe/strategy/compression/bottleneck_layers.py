@@ -23,7 +23,7 @@ from lightning_epipe.strategy.comm.collectives import broadcast_json
 from lightning_epipe.strategy.planning.partition import PipelinePlan
 
 __all__ = ["ATTRIBUTE", "install_bottlenecks", "release_foreign_halves", "split_bottleneck_state",
-           "bottleneck_lr"]
+           "bottleneck_lr", "bottleneck_layout", "rebuild_bottlenecks"]
 
 #: The module attribute holding the pairs, and the prefix of their state-dict keys.
 ATTRIBUTE = "epipe_bottlenecks"
@@ -108,6 +108,30 @@ def install_bottlenecks(
         tensor.detach().copy_(buffer)
     setattr(module, ATTRIBUTE, holder)
     return pairs
+
+
+def bottleneck_layout(module: nn.Module, num_cuts: int) -> Optional[dict[str, Any]]:
+    """What it takes to build ``module``'s pairs again elsewhere, as JSON types: the pipeline's
+    number of cuts (``num_cuts``), and per cut its pair's expansion and the activation shape it
+    was built for; ``None`` where the module has no pairs."""
+    holder = getattr(module, ATTRIBUTE, None)
+    if not isinstance(holder, nn.ModuleDict):
+        return None
+    return {"num_cuts": num_cuts,
+            "pairs": {c: {"expansion": pair.expansion, "shape": pair.example_shape} for c, pair in holder.items()}}
+
+
+def rebuild_bottlenecks(module: nn.Module, specs: dict[int, Bottleneck], layout: dict[str, Any]) -> None:
+    """Put same-shaped pairs of ``layout`` (:func:`bottleneck_layout`) on ``module``, weights not
+    yet loaded: a launching process that is not a rank gets rank 0's trained pairs this way
+    (their keys then match the weights Lightning's launcher loads into it)."""
+    pairs = {}
+    for c, info in layout["pairs"].items():
+        example = None if info["shape"] is None else torch.zeros(info["shape"])
+        pair = _without_pca(specs[int(c)]).build(example)
+        pair.expansion, pair.example_shape = info["expansion"], info["shape"]
+        pairs[c] = pair
+    setattr(module, ATTRIBUTE, nn.ModuleDict(pairs))
 
 
 def _without_pca(spec: Bottleneck) -> Bottleneck:
