@@ -28,7 +28,8 @@ one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 
 def _train(tmp_path, *args, steps=4):
     out = tmp_path / "result.pt"
-    run_ranks(SCRIPT, "--out", out, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu", *args, timeout=300)
+    run_ranks(SCRIPT, "--out", out, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu", "--start-method", "popen", *args,
+              timeout=300)
     return torch.load(out, weights_only=False, map_location="cpu")
 
 
@@ -36,7 +37,7 @@ def _train_sharing_one_gpu(tmp_path, *args, steps=4):
     """Two ranks on cuda:0, started as two nodes of one device each (the way a cluster
     launcher starts them), gloo between them; rank 0's result."""
     run_nodes(SCRIPT, tmp_path, "--devices", 1, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu",
-              "--backend", "gloo", *args, timeout=300)
+              "--backend", "gloo", "--start-method", "popen", *args, timeout=300)
     got = torch.load(tmp_path / "node0.pt", weights_only=False, map_location="cpu")
     assert got["device"] == "cuda:0"
     return got

@@ -2,11 +2,13 @@
 
     python tests/strategy/scenario.py --out result.pt --devices 3 --steps 4 --compressor none
 
-Lightning's launcher re-runs this script once per rank; rank 0 writes the losses it saw and
-the consolidated weights to ``--out``. Under ``--start-method fork`` or ``spawn`` the ranks
-are the launching process's children: rank 0 writes what it saw, and this process adds the
-weights Lightning gave back to it. ``reference()`` trains the same module in one process
-without the strategy.
+Lightning's launcher forks the ranks from this process (``--start-method fork``, the default
+here: a rank starts without importing torch and Lightning again, seconds of CPU per process
+on a small machine); rank 0 writes the losses it saw to ``--out`` and this process adds the
+consolidated weights Lightning gave back to it. ``--start-method popen`` (the strategy's
+default) re-runs this script once per rank instead, for the tests of what that launcher
+does: faults, signals, nodes, core binding, GPUs. ``reference()`` trains the same module in
+one process without the strategy.
 """
 
 from __future__ import annotations
@@ -248,7 +250,7 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=2)
     p.add_argument("--precision", default="32-true")
-    p.add_argument("--start-method", default="popen")
+    p.add_argument("--start-method", default="fork", help="popen: Lightning re-runs this script per rank")
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--checkpoint", default="never", help="activation recomputation")
     p.add_argument("--balance", default=None, help="'time', 'parameters' or comma-separated layer counts")

@@ -60,7 +60,7 @@ def test_more_processes_than_cores_are_left_unbound():
 @needs_affinity
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_two_processes_run_on_disjoint_cores_gloo_threads_included(tmp_path):
-    _, out = run_ranks(SCRIPT, "--out", tmp_path / "r.pt", "--devices", "2", "--steps", "2", "--bind-cores",
+    _, out = run_ranks(SCRIPT, "--out", tmp_path / "r.pt", "--devices", "2", "--steps", "2", "--bind-cores", "--start-method", "popen",
                        timeout=180)
     seen = {}
     for rank, cores, threads in re.findall(r"rank (\d) cores (\[[\d, ]*\]) threads (\{.*\})", out):
@@ -75,7 +75,7 @@ def test_two_processes_run_on_disjoint_cores_gloo_threads_included(tmp_path):
 def test_more_processes_than_cores_train_unbound_and_say_so_once(tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     _, out = run_ranks(SCRIPT, "--out", tmp_path / "r.pt", "--devices", str(len(cores) + 1), "--steps", "2",
-                       "--bind-cores", timeout=240, env={"PYTHONWARNINGS": "default"})
+                       "--bind-cores", "--start-method", "popen", timeout=240, env={"PYTHONWARNINGS": "default"})
     assert out.count("outnumber its cores; left unbound") == 1  # fit and the predict after it both set up
     reported = re.findall(r"rank \d cores (\[[\d, ]*\])", out)
     assert len(reported) == len(cores) + 1 and all(json.loads(c) == cores for c in reported)

@@ -18,7 +18,7 @@ TIMEOUT = 8  # EPipeStrategy(timeout=...) in seconds
 
 def _run_fault(kind: str, *extra: str, rank: int = 2, step: int = 2, tmp_path=None, script=SCRIPT):
     return run_ranks(
-        script, "--out", tmp_path / "r.pt", "--steps", "5", "--timeout", TIMEOUT,
+        script, "--out", tmp_path / "r.pt", "--steps", "5", "--timeout", TIMEOUT, "--start-method", "popen",
         "--fault", kind, "--fault-rank", rank, "--fault-step", step, *extra,
         timeout=150, expect_ok=False,
     )

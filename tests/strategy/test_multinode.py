@@ -12,7 +12,7 @@ SCRIPT = ROOT / "tests" / "strategy" / "scenario.py"
 
 
 def test_two_nodes_on_loopback(tmp_path):
-    outputs = run_nodes(SCRIPT, tmp_path, "--devices", 1, "--steps", 4)
+    outputs = run_nodes(SCRIPT, tmp_path, "--devices", 1, "--steps", 4, "--start-method", "popen")
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in outputs[1]
     got = torch.load(tmp_path / "node0.pt", weights_only=False)
     ref = reference(steps=4, batch_size=16)
