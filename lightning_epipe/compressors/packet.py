@@ -156,8 +156,8 @@ class Packet:
         if buf.numel() < _FIXED.size:
             raise PacketError(f"packet of {buf.numel()} bytes is shorter than the "
                               f"{_FIXED.size}-byte fixed header")
-        magic, version, codec, dtype_code, ndim, reserved, payload_nbytes = _FIXED.unpack(
-            host_bytes(buf, _FIXED.size).tobytes())
+        head_bytes = host_bytes(buf, _FIXED.size + 8 * MAX_NDIM)  # one view (one copy off an accelerator)
+        magic, version, codec, dtype_code, ndim, reserved, payload_nbytes = _FIXED.unpack_from(head_bytes)
         if magic != MAGIC:
             raise PacketError(f"bad magic {magic!r}, expected {MAGIC!r}: not a packet")
         if version != VERSION:
@@ -174,7 +174,16 @@ class Packet:
         if buf.numel() != head + payload_nbytes:
             raise PacketError(f"packet has {buf.numel()} bytes, header says {head} + "
                               f"{payload_nbytes} payload = {head + payload_nbytes}")
-        dims = struct.unpack(f"<{ndim}q", host_bytes(buf, head)[_FIXED.size:].tobytes())
+        dims = struct.unpack_from(f"<{ndim}q", head_bytes, _FIXED.size)
         if any(d < 0 for d in dims):
             raise PacketError(f"negative dimension in shape {list(dims)}")
-        return cls(codec, _DTYPES[dtype_code], torch.Size(dims), buf[head:], owned)
+        return cls._checked(codec, _DTYPES[dtype_code], torch.Size(dims), buf[head:], owned)
+
+    @classmethod
+    def _checked(cls, codec: int, dtype: torch.dtype, shape: torch.Size, payload: torch.Tensor, owned: bool) -> Packet:
+        """A packet of fields :meth:`from_bytes` has checked (the payload: a slice of a 1-D
+        contiguous buffer), without checking them again: once per message received."""
+        packet = object.__new__(cls)
+        for name, value in (("codec", codec), ("dtype", dtype), ("shape", shape), ("payload", payload), ("owned", owned)):
+            object.__setattr__(packet, name, value)
+        return packet

@@ -143,3 +143,43 @@ def test_the_transport_times_data_frames_per_peer_and_leaves_out_resized_ones():
     assert len(window) == 3 and window.nbytes == 3 * (HEADER_NBYTES + 1000)  # step 2's frames only
     assert [t.queued for t in window.transfers] == [True, True, False]  # posted before the previous completed
     assert 1 not in ends[1].rates  # the receiver sent nothing
+
+
+def test_sends_that_complete_only_when_waited_are_timed_at_the_flush_not_polled():
+    """gloo marks a send complete only in ``wait()``: polling it before every send and around every
+    receive found nothing and cost a call per pending send each time; its sends are timed when flushed."""
+    from datetime import timedelta
+
+    import torch
+
+    from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
+    from lightning_epipe.strategy.comm.transport import P2PBackend, Transport
+    from lightning_epipe.strategy.comm.wire import Header, Kind
+
+    fabric = MemoryFabric(2, rule="gloo")
+    polled = []
+
+    class Unpolled:
+        def __init__(self, work):
+            self.work = work
+
+        def is_completed(self):
+            polled.append(self)
+            return False
+
+        def wait(self, timeout=None):
+            return self.work.wait(timeout)
+
+    def gloo_like(rank: int) -> P2PBackend:
+        inner = fabric.backend(rank)
+        return P2PBackend(lambda t, dst, g: Unpolled(inner.isend(t, dst, g)), inner.irecv, polled_sends=lambda device: False)
+
+    ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=gloo_like(r)) for r in (0, 1)]
+    payload = torch.zeros(1000, dtype=torch.uint8)
+    for step in (1, 2):
+        for mb in range(3):
+            ends[0].send(1, Header(Kind.ACTIVATION, step, mb, 3, 0, 1, 0, 0, 0), payload)
+            ends[1].recv(0, "test", kind=Kind.ACTIVATION, step=step, microbatch=mb)
+        ends[0].flush()
+    assert polled == []
+    assert len(ends[0].rates[1]) == 3  # step 2's frames, timed when flushed (step 1's were announced)

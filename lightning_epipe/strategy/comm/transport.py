@@ -27,7 +27,9 @@ Checksums: XXH3-64 of the payload (``wire.checksum``), computed where the payloa
 on accelerator links the header says 0 and NCCL's own integrity checks stand.
 
 Link rates: every data frame's send is timed from its post to its completion, as the
-sender sees it (pending sends are polled before every send and around every receive), and
+sender sees it (where a backend reports a send's completion before it is waited on, NCCL and
+the in-memory fabric, pending sends are polled before every send and around every receive;
+gloo marks a send complete only when it is waited on, at the flush that ends a phase), and
 kept per peer in a :class:`~lightning_epipe.strategy.comm.linkrate.TransferWindow` (``rates``),
 marked *queued* when the next frame to that peer was posted before it completed; and every
 data frame received is counted per stream and peer in ``arrivals``, with whether it had
@@ -59,7 +61,7 @@ from torch import Tensor
 from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, Arrivals, Transfer, TransferWindow
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.comm.streams import CONTROL, stream_name
-from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum
+from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum, host_checksum
 
 __all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND", "frame_capacity"]
 
@@ -94,12 +96,19 @@ class _Sent:
     resized: bool = False  # announced by a RESIZE notice: its receive was not posted ahead
 
 
+def _always(device: torch.device) -> bool:
+    return True
+
+
 @dataclass
 class P2PBackend:
-    """Point-to-point primitives: ``torch.distributed`` or the in-memory ``memory_backend``."""
+    """Point-to-point primitives: ``torch.distributed`` or the in-memory ``memory_backend``.
+    ``polled_sends(device)``: whether a send of frames on ``device`` may report completion
+    (``is_completed()``) before it is waited on; where it never does, nothing polls it."""
 
     isend: Callable[[Tensor, int, Any], Any]
     irecv: Callable[[Tensor, int, Any], Any]
+    polled_sends: Callable[[torch.device], bool] = _always
 
 
 def _dist_isend(t: Tensor, dst: int, group: Any) -> Any:
@@ -113,7 +122,13 @@ def _dist_irecv(t: Tensor, src: int, group: Any) -> Any:
     return pg.recv([t], dist.get_group_rank(pg, src), 0)
 
 
-DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv)
+def _nccl_frames(device: torch.device) -> bool:
+    """NCCL (frames on an accelerator) completes a send on its own; gloo (host frames) marks it
+    complete only in ``wait()``."""
+    return device.type != "cpu"
+
+
+DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv, polled_sends=_nccl_frames)
 
 
 @dataclass
@@ -200,6 +215,7 @@ class Transport:
         self.backend = backend
         self.host_staged = host_staged and device.type != "cpu"
         self.wire_device = torch.device("cpu") if self.host_staged else device
+        self._polls = backend.polled_sends(self.wire_device)  # else sends are timed when flushed
         self._frame_sizes: dict[tuple[str, int, int, Key], int] = {}  # (stream, src, dst, key) -> bytes
         self._short: set[tuple[str, int, int, Key]] = set()  # keys whose last payload filled < 3/4 of its frame
         self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
@@ -237,18 +253,13 @@ class Transport:
         else:
             self._short.add(slot)
         frame = self._frame(HEADER_NBYTES + capacity, device)
-        start, end = HEADER_NBYTES + len(prefix), HEADER_NBYTES + size
-        if prefix:
-            _write_bytes(frame, HEADER_NBYTES, prefix)
-        if end > start:
-            frame[start:end].copy_(payload, non_blocking=True)
-            if payload.device != frame.device and payload.device.type == "cuda":
-                torch.cuda.current_stream(payload.device).synchronize()  # gloo reads the host copy at once
-        if capacity > size:
-            frame[end:].zero_()  # padding
-        digest = checksum(frame[HEADER_NBYTES:end]) if self.verify_checksum and size else 0
-        header = header.framed(size, digest)
-        header.write(frame)
+        if device.type == "cpu" and (payload is None or payload.device.type == "cpu"):
+            buf = frame.numpy()  # one view of the host frame for every write
+            header = header.framed(size, self._fill_host_frame(buf, prefix, payload, size))
+            header.write_host(buf)
+        else:
+            header = header.framed(size, self._fill_frame(frame, prefix, payload, size))
+            header.write(frame)
         nbytes = frame.numel()
         resized = expected != nbytes
         if resized:  # announce the new frame in a frame of the size the peer expects
@@ -259,6 +270,30 @@ class Transport:
         self._poll_sends()
         self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name), resized)
         return nbytes + (expected if resized else 0)
+
+    def _fill_host_frame(self, buf: numpy.ndarray, prefix: bytes, payload: Optional[Tensor], size: int) -> int:
+        """Write ``prefix + payload`` (``size`` bytes, host memory) after the header of the host
+        frame ``buf`` and zero its padding; the payload's checksum (0: not taken)."""
+        start, end = HEADER_NBYTES + len(prefix), HEADER_NBYTES + size
+        if prefix:
+            buf[HEADER_NBYTES:start] = numpy.frombuffer(prefix, dtype=numpy.uint8)
+        if end > start:
+            buf[start:end] = payload.numpy()
+        buf[end:] = 0  # padding
+        return host_checksum(buf[HEADER_NBYTES:end]) if self.verify_checksum and size else 0
+
+    def _fill_frame(self, frame: Tensor, prefix: bytes, payload: Optional[Tensor], size: int) -> int:
+        """The same for a frame or a payload on an accelerator (the checksum is then 0)."""
+        start, end = HEADER_NBYTES + len(prefix), HEADER_NBYTES + size
+        if prefix:
+            _write_bytes(frame, HEADER_NBYTES, prefix)
+        if end > start:
+            frame[start:end].copy_(payload, non_blocking=True)
+            if payload.device != frame.device and payload.device.type == "cuda":
+                torch.cuda.current_stream(payload.device).synchronize()  # gloo reads the host copy at once
+        if frame.numel() > end:
+            frame[end:].zero_()  # padding
+        return checksum(frame[HEADER_NBYTES:end]) if self.verify_checksum and size else 0
 
     def restart_frames(self, stream: str, src: int, dst: int) -> None:
         """Forget the frame sizes of ``stream`` from pipeline rank ``src`` to ``dst`` (this rank is
@@ -291,6 +326,8 @@ class Transport:
 
     def _poll_sends(self) -> None:
         """Time the sends that completed since the last look (their rate is a lower bound)."""
+        if not self._polls:
+            return
         for sent in self._pending:
             if not sent.timed and sent.work.is_completed():
                 self._time(sent)
@@ -349,7 +386,7 @@ class Transport:
         elif posted.key != key:
             raise WireError(f"{link}: {what}: the {name} stream was posted for message {posted.key}, not {key}")
         self._poll_sends()  # completions seen sooner: the rates in ``rates`` are closer to the truth
-        landed = name != CONTROL and posted.work.is_completed()  # NCCL and the in-memory fabric tell at once
+        landed = name != CONTROL and self._polls and posted.work.is_completed()  # NCCL and the in-memory fabric tell at once
         waited = self._wait(posted.work, peer, what, blocking=not idle)
         if name != CONTROL:  # gloo tells only once waited on: a wait on the host that returns at once
             ready = landed or (device.type == "cpu" and waited < ARRIVED_S)

@@ -14,12 +14,13 @@ import enum
 import struct
 from dataclasses import dataclass
 
+import numpy
 import torch
 import xxhash
 from torch import Tensor
 
 __all__ = ["Kind", "Direction", "Flag", "StepFlag", "Command", "ClipAlgorithm", "Header", "WireError", "HEADER_LEN",
-           "HEADER_NBYTES", "MAX_PAYLOAD", "checksum"]
+           "HEADER_NBYTES", "MAX_PAYLOAD", "checksum", "host_checksum"]
 
 MAGIC = 0x45504950  # "EPIP"
 VERSION = 4  # 4: CLIP_GRADIENTS (3: every training batch starts with BATCH_START or STOP; 2: payload checksums are XXH3-64; 1: CRC32)
@@ -171,9 +172,13 @@ class Header:
     def write(self, frame: Tensor) -> None:
         """Write this header into the first ``HEADER_NBYTES`` bytes of a uint8 ``frame`` (any device)."""
         if frame.device.type == "cpu":
-            _HEADER.pack_into(frame.numpy(), 0, *self.values())
+            self.write_host(frame.numpy())
         else:
             frame[:HEADER_NBYTES].view(torch.int64).copy_(self.to_tensor(), non_blocking=True)
+
+    def write_host(self, buf: numpy.ndarray) -> None:
+        """The same into a host frame's bytes (a uint8 array)."""
+        _HEADER.pack_into(buf, 0, *self.values())
 
     @classmethod
     def read(cls, frame: Tensor, link: str) -> "Header":
@@ -195,7 +200,7 @@ class Header:
         if v[1] != VERSION:
             raise WireError(f"{link}: wire version {v[1]} but this process speaks {VERSION}: install the same version everywhere")
         h = cls(*v[2:])
-        if h.kind not in Kind.__members__.values():
+        if h.kind not in Kind._value2member_map_:
             raise WireError(f"{link}: unknown message kind {h.kind}")
         if not 0 <= h.payload_nbytes <= MAX_PAYLOAD:
             raise WireError(f"{link}: payload size {h.payload_nbytes} out of range")
@@ -227,5 +232,10 @@ def checksum(payload: Tensor) -> int:
     zlib's CRC32 takes ~0.1 ms per 512 KiB, so every frame can carry one."""
     if payload.device.type != "cpu" or payload.numel() == 0:
         return 0
-    digest = xxhash.xxh3_64_intdigest(payload.numpy().data)
+    return host_checksum(payload.numpy())
+
+
+def host_checksum(payload: numpy.ndarray) -> int:
+    """:func:`checksum` of a payload's bytes in host memory (a 1-D uint8 array)."""
+    digest = xxhash.xxh3_64_intdigest(payload.data)
     return digest - (1 << 64) if digest >= 1 << 63 else digest

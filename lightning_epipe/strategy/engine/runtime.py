@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Optional
@@ -50,8 +51,9 @@ WHOLE_INPUT_BYTES = 256 * 1024
 
 def _finite(t: Tensor) -> bool:
     """Whether ``t`` holds no NaN/Inf: one read for the sum (non-finite whenever ``t`` is), an
-    exact look only when the sum is not finite (a finite tensor whose sum overflows)."""
-    if bool(torch.isfinite(t.sum(dtype=torch.float32))):
+    exact look only when the sum is not finite (a finite tensor whose sum overflows). The sum's
+    test runs on the host (``item``): a 0-d ``isfinite`` would cost more than the sum itself."""
+    if math.isfinite(t.sum(dtype=torch.float32).item()):
         return True
     return bool(torch.isfinite(t).all())
 
