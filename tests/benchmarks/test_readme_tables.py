@@ -37,7 +37,7 @@ def tables_of(path: Path) -> list[str]:
 def test_the_readme_cites_the_result_files_of_its_sections():
     names = {p.stem for p in cited_results()}
     assert {"engine", "throughput", "efficiency", "hybrid", "slow_link", "slow_link_low", "slow_link_auto",
-            "memory", "engine_slow_link", "docstrings_seeds", "compressors_overhead"} <= names
+            "memory", "engine_slow_link", "docstrings_seeds", "compressors_overhead", "message_cost"} <= names
 
 
 @pytest.mark.parametrize("path", cited_results(), ids=lambda p: p.stem)
