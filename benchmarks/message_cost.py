@@ -86,8 +86,8 @@ class MessageLoop:
             return _Work(lambda: frame.copy_(queue.popleft()))
 
         try:  # as gloo: a send reports completion only once waited on
-            backend = transport.P2PBackend(isend, irecv, polled_sends=lambda device: False)
-        except TypeError:  # a revision before P2PBackend.polled_sends polls every send
+            backend = transport.P2PBackend(isend, irecv, completes_unwaited=lambda device: False)
+        except TypeError:  # a revision before P2PBackend.completes_unwaited polls every send
             backend = transport.P2PBackend(isend, irecv)
         name, kwargs = codec.split("-")[0], CODECS[codec]
         plan = partition.plan_pipeline(4, 2, [2, 2], "chain")

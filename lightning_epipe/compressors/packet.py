@@ -180,7 +180,8 @@ class Packet:
         return cls._checked(codec, _DTYPES[dtype_code], torch.Size(dims), buf[head:], owned)
 
     @classmethod
-    def _checked(cls, codec: int, dtype: torch.dtype, shape: torch.Size, payload: torch.Tensor, owned: bool) -> Packet:
+    def _checked(cls, codec: int, dtype: torch.dtype, shape: torch.Size, payload: torch.Tensor,
+                 owned: bool) -> Packet:
         """A packet of fields :meth:`from_bytes` has checked (the payload: a slice of a 1-D
         contiguous buffer), without checking them again: once per message received."""
         packet = object.__new__(cls)

@@ -28,8 +28,8 @@ one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a CUDA GPU")
 
 def _train(tmp_path, *args, steps=4):
     out = tmp_path / "result.pt"
-    run_ranks(SCRIPT, "--out", out, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu", "--start-method", "popen", *args,
-              timeout=300)
+    run_ranks(SCRIPT, "--out", out, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu",
+              "--start-method", "popen", *args, timeout=300)
     return torch.load(out, weights_only=False, map_location="cpu")
 
 

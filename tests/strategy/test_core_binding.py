@@ -60,8 +60,8 @@ def test_more_processes_than_cores_are_left_unbound():
 @needs_affinity
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
 def test_two_processes_run_on_disjoint_cores_gloo_threads_included(tmp_path):
-    _, out = run_ranks(SCRIPT, "--out", tmp_path / "r.pt", "--devices", "2", "--steps", "2", "--bind-cores", "--start-method", "popen",
-                       timeout=180)
+    _, out = run_ranks(SCRIPT, "--out", tmp_path / "r.pt", "--devices", "2", "--steps", "2", "--bind-cores",
+                       "--start-method", "popen", timeout=180)
     seen = {}
     for rank, cores, threads in re.findall(r"rank (\d) cores (\[[\d, ]*\]) threads (\{.*\})", out):
         seen[int(rank)] = set(json.loads(cores))

@@ -103,12 +103,12 @@ def _always(device: torch.device) -> bool:
 @dataclass
 class P2PBackend:
     """Point-to-point primitives: ``torch.distributed`` or the in-memory ``memory_backend``.
-    ``polled_sends(device)``: whether a send of frames on ``device`` may report completion
-    (``is_completed()``) before it is waited on; where it never does, nothing polls it."""
+    ``completes_unwaited(device)``: whether a send or receive of frames on ``device`` may report
+    completion (``is_completed()``) before it is waited on; where it never does, nothing asks."""
 
     isend: Callable[[Tensor, int, Any], Any]
     irecv: Callable[[Tensor, int, Any], Any]
-    polled_sends: Callable[[torch.device], bool] = _always
+    completes_unwaited: Callable[[torch.device], bool] = _always
 
 
 def _dist_isend(t: Tensor, dst: int, group: Any) -> Any:
@@ -123,12 +123,12 @@ def _dist_irecv(t: Tensor, src: int, group: Any) -> Any:
 
 
 def _nccl_frames(device: torch.device) -> bool:
-    """NCCL (frames on an accelerator) completes a send on its own; gloo (host frames) marks it
-    complete only in ``wait()``."""
+    """NCCL (frames on an accelerator) completes a send or receive on its own; gloo (host
+    frames) marks one complete only in ``wait()``."""
     return device.type != "cpu"
 
 
-DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv, polled_sends=_nccl_frames)
+DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv, completes_unwaited=_nccl_frames)
 
 
 @dataclass
@@ -215,7 +215,7 @@ class Transport:
         self.backend = backend
         self.host_staged = host_staged and device.type != "cpu"
         self.wire_device = torch.device("cpu") if self.host_staged else device
-        self._polls = backend.polled_sends(self.wire_device)  # else sends are timed when flushed
+        self._completes_unwaited = backend.completes_unwaited(self.wire_device)  # else sends are timed when flushed
         self._frame_sizes: dict[tuple[str, int, int, Key], int] = {}  # (stream, src, dst, key) -> bytes
         self._short: set[tuple[str, int, int, Key]] = set()  # keys whose last payload filled < 3/4 of its frame
         self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
@@ -326,7 +326,7 @@ class Transport:
 
     def _poll_sends(self) -> None:
         """Time the sends that completed since the last look (their rate is a lower bound)."""
-        if not self._polls:
+        if not self._completes_unwaited:
             return
         for sent in self._pending:
             if not sent.timed and sent.work.is_completed():
@@ -386,7 +386,8 @@ class Transport:
         elif posted.key != key:
             raise WireError(f"{link}: {what}: the {name} stream was posted for message {posted.key}, not {key}")
         self._poll_sends()  # completions seen sooner: the rates in ``rates`` are closer to the truth
-        landed = name != CONTROL and self._polls and posted.work.is_completed()  # NCCL and the in-memory fabric tell at once
+        # NCCL and the in-memory fabric tell at once (gloo only once waited on: see below)
+        landed = name != CONTROL and self._completes_unwaited and posted.work.is_completed()
         waited = self._wait(posted.work, peer, what, blocking=not idle)
         if name != CONTROL:  # gloo tells only once waited on: a wait on the host that returns at once
             ready = landed or (device.type == "cpu" and waited < ARRIVED_S)
