@@ -90,15 +90,10 @@ def install_bottlenecks(
                 pairs[c] = spec.build(acts.get(c))
             for c in cuts:
                 pairs[c].example_shape = _first_shape(acts[c]) if c in acts else None
-        shapes = {str(c): {"expansion": pairs[c].expansion, "shape": pairs[c].example_shape} for c in cuts}
+        shapes = _shapes_of(pairs)
     shapes = broadcast_json(shapes, device)
     if rank != 0:
-        for c in cuts:
-            info = shapes[str(c)]
-            example = None if info["shape"] is None else torch.zeros(info["shape"])
-            pairs[c] = _without_pca(specs[c]).build(example)
-            pairs[c].expansion = info["expansion"]
-            pairs[c].example_shape = info["shape"]
+        pairs = _same_shaped(specs, shapes)
     holder = nn.ModuleDict({str(c): pairs[c] for c in cuts})
     if rank == 0 and saved is not None:
         holder.load_state_dict({k[len(PREFIX):]: v for k, v in saved.items()}, strict=True)
@@ -110,6 +105,21 @@ def install_bottlenecks(
     return pairs
 
 
+def _shapes_of(pairs: dict[int, BottleneckPair]) -> dict[str, Any]:
+    """Per cut (a string key, as JSON has them): the pair's expansion and the activation shape it was built for."""
+    return {str(c): {"expansion": pair.expansion, "shape": pair.example_shape} for c, pair in pairs.items()}
+
+
+def _same_shaped(specs: dict[int, Bottleneck], shapes: dict[str, Any]) -> dict[int, BottleneckPair]:
+    """Pairs shaped as :func:`_shapes_of` describes, default-initialized (their weights come from elsewhere)."""
+    pairs = {}
+    for c, info in shapes.items():
+        example = None if info["shape"] is None else torch.zeros(info["shape"])
+        pair = pairs[int(c)] = _without_pca(specs[int(c)]).build(example)
+        pair.expansion, pair.example_shape = info["expansion"], info["shape"]
+    return pairs
+
+
 def bottleneck_layout(module: nn.Module, num_cuts: int) -> Optional[dict[str, Any]]:
     """What it takes to build ``module``'s pairs again elsewhere, as JSON types: the pipeline's
     number of cuts (``num_cuts``), and per cut its pair's expansion and the activation shape it
@@ -117,21 +127,15 @@ def bottleneck_layout(module: nn.Module, num_cuts: int) -> Optional[dict[str, An
     holder = getattr(module, ATTRIBUTE, None)
     if not isinstance(holder, nn.ModuleDict):
         return None
-    return {"num_cuts": num_cuts,
-            "pairs": {c: {"expansion": pair.expansion, "shape": pair.example_shape} for c, pair in holder.items()}}
+    return {"num_cuts": num_cuts, "pairs": _shapes_of({int(c): pair for c, pair in holder.items()})}
 
 
 def rebuild_bottlenecks(module: nn.Module, specs: dict[int, Bottleneck], layout: dict[str, Any]) -> None:
     """Put same-shaped pairs of ``layout`` (:func:`bottleneck_layout`) on ``module``, weights not
     yet loaded: a launching process that is not a rank gets rank 0's trained pairs this way
     (their keys then match the weights Lightning's launcher loads into it)."""
-    pairs = {}
-    for c, info in layout["pairs"].items():
-        example = None if info["shape"] is None else torch.zeros(info["shape"])
-        pair = _without_pca(specs[int(c)]).build(example)
-        pair.expansion, pair.example_shape = info["expansion"], info["shape"]
-        pairs[c] = pair
-    setattr(module, ATTRIBUTE, nn.ModuleDict(pairs))
+    pairs = _same_shaped(specs, layout["pairs"])
+    setattr(module, ATTRIBUTE, nn.ModuleDict({str(c): pair for c, pair in pairs.items()}))
 
 
 def _without_pca(spec: Bottleneck) -> Bottleneck:
