@@ -1,8 +1,11 @@
-"""The benchmark models: balanced ``nn.Sequential`` stacks wrapped in a LightningModule.
+"""The benchmark models: ``nn.Sequential`` stacks wrapped in a LightningModule.
 
 Every model exposes its stack as ``layers`` (what EPipeStrategy pipelines, what DDP
 replicates and what ``torch.distributed.pipelining`` splits) and trains on synthetic
-regression data (MSE against a fixed random target), so no download is needed.
+regression data (MSE against a fixed random target), so no download is needed. ``mlp``
+and ``transformer`` are stacks of equal blocks; ``mobilenet`` is the report's MobileNetV2
+(``examples/mobilenet``: 19 feature blocks and the head, on CIFAR-sized images), whose
+compute sits in its early blocks and its parameters in its late ones.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import lightning as L
 MODELS = {
     "mlp": {"quick": dict(width=1024, depth=8), "full": dict(width=1024, depth=8)},
     "transformer": {"quick": dict(dim=128, seq=16, heads=4, depth=8), "full": dict(dim=256, seq=64, heads=8, depth=8)},
+    "mobilenet": {"quick": dict(image=32, classes=10), "full": dict(image=64, classes=10)},
 }
 
 
@@ -35,25 +39,34 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-def build_layers(name: str, full: bool = False, **overrides: int) -> tuple[nn.Sequential, tuple[int, ...]]:
-    """The stack and the shape of one sample (without the batch dimension); ``overrides``
-    replace builder settings (e.g. ``width=512``)."""
+def build_layers(name: str, full: bool = False,
+                 **overrides: int) -> tuple[nn.Sequential, tuple[int, ...], tuple[int, ...]]:
+    """The stack, the shape of one sample and the shape of its target (both without the batch
+    dimension); ``overrides`` replace builder settings (e.g. ``width=512``)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}, expected one of {sorted(MODELS)}")
     cfg = {**MODELS[name]["full" if full else "quick"], **overrides}
     torch.manual_seed(0)
     if name == "mlp":
         blocks = []
         for _ in range(cfg["depth"]):
             blocks.append(nn.Sequential(nn.Linear(cfg["width"], cfg["width"]), nn.ReLU()))
-        return nn.Sequential(*blocks), (cfg["width"],)
+        return nn.Sequential(*blocks), (cfg["width"],), (cfg["width"],)
     if name == "transformer":
-        return nn.Sequential(*[Block(cfg["dim"], cfg["heads"]) for _ in range(cfg["depth"])]), (cfg["seq"], cfg["dim"])
-    raise ValueError(f"unknown model {name!r}, expected one of {sorted(MODELS)}")
+        shape = (cfg["seq"], cfg["dim"])
+        return nn.Sequential(*[Block(cfg["dim"], cfg["heads"]) for _ in range(cfg["depth"])]), shape, shape
+    from examples.mobilenet.model import mobilenet_layers
+
+    return mobilenet_layers(cfg["classes"]), (3, cfg["image"], cfg["image"]), (cfg["classes"],)
 
 
-def make_data(shape: tuple[int, ...], samples: int, seed: int = 0) -> TensorDataset:
-    """``samples`` random inputs of ``shape`` and random targets of the same shape."""
+def make_data(shape: tuple[int, ...], samples: int, seed: int = 0,
+              target_shape: tuple[int, ...] | None = None) -> TensorDataset:
+    """``samples`` random inputs of ``shape`` and random targets of ``target_shape`` (default:
+    ``shape``)."""
     g = torch.Generator().manual_seed(seed)
-    return TensorDataset(torch.randn(samples, *shape, generator=g), 0.5 * torch.randn(samples, *shape, generator=g))
+    target = shape if target_shape is None else target_shape
+    return TensorDataset(torch.randn(samples, *shape, generator=g), 0.5 * torch.randn(samples, *target, generator=g))
 
 
 class StackRegressor(L.LightningModule):

@@ -163,9 +163,9 @@ def run_lightning(cfg: dict) -> dict | None:
     """``epipe``, ``ddp`` or ``single`` on the synthetic stack."""
     from lightning_epipe.callbacks import EPipeMonitor
 
-    layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
+    layers, shape, target = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
     kind, devices, batch = cfg["kind"], cfg["devices"], cfg["batch"]
-    data = make_data(shape, batch * cfg["steps"])
+    data = make_data(shape, batch * cfg["steps"], target_shape=target)
     timer = StepTimer()
     if kind == "epipe":  # each replica's client reads its share of every batch
         readers = cfg.get("strategy", {}).get("replicas", 1)
@@ -238,7 +238,7 @@ def run_pipelining(cfg: dict) -> dict | None:
         CoreBinding().bind(rank, world)
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=cfg.get("timeout", 300)))
     try:
-        layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
+        layers, shape, target = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
         balance = cfg.get("balance") or balance_by_parameters(layers, world, "chain")
         start = sum(balance[:rank])
         module = layers[start:start + balance[rank]]
@@ -247,7 +247,7 @@ def run_pipelining(cfg: dict) -> dict | None:
         kind = Schedule1F1B if cfg.get("schedule", "gpipe") == "1f1b" else ScheduleGPipe
         schedule = kind(stage, chunks, loss_fn=torch.nn.functional.mse_loss)
         opt = torch.optim.SGD(module.parameters(), lr=1e-3)
-        data = make_data(shape, batch * cfg["steps"])
+        data = make_data(shape, batch * cfg["steps"], target_shape=target)
         times = []
         for step in range(cfg["steps"]):
             x, y = data.tensors[0][step * batch:(step + 1) * batch], data.tensors[1][step * batch:(step + 1) * batch]
@@ -274,10 +274,10 @@ def run_plain(cfg: dict) -> dict:
     before the forward, as the pipelining loop above does it; the allocator then frees the
     gradients before the forward allocates its activations, and the backward allocates them
     anew (at width 2048 that order runs slower: the grid records both)."""
-    layers, shape = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
+    layers, shape, target = build_layers(cfg["model"], cfg.get("full", False), **cfg.get("layers", {}))
     opt = torch.optim.SGD(layers.parameters(), lr=1e-3)
     batch, zero_first = cfg["batch"], cfg.get("zero_grad", "after_forward") == "first"
-    x_all, y_all = make_data(shape, batch * cfg["steps"]).tensors
+    x_all, y_all = make_data(shape, batch * cfg["steps"], target_shape=target).tensors
     times = []
     for step in range(cfg["steps"]):
         x, y = x_all[step * batch:(step + 1) * batch], y_all[step * batch:(step + 1) * batch]

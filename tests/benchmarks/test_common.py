@@ -52,10 +52,10 @@ def test_repetitions_go_round_every_config():
     assert median_spread([None]) == ("-", "-") and rep_ratios([2, None, 3], [1, 1, None]) == [2]
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer"])
+@pytest.mark.parametrize("name", ["mlp", "transformer", "mobilenet"])
 def test_models_are_sequential_stacks(name):
-    layers, shape = build_layers(name)
-    data = make_data(shape, 4)
+    layers, shape, target = build_layers(name)
+    data = make_data(shape, 4, target_shape=target)
     out = StackRegressor(layers).layers(data.tensors[0])
     assert out.shape == data.tensors[1].shape and math.isfinite(float(out.sum()))
 
