@@ -23,6 +23,7 @@ from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.compression.bottleneck_layers import install_bottlenecks
 from lightning_epipe.strategy.compression.codec_book import CodecBook
 from lightning_epipe.strategy.config import PipelineConfig
+from lightning_epipe.strategy.engine.grad_scaling import scaler_of
 from lightning_epipe.strategy.layer_ownership import release_foreign_layers
 from lightning_epipe.strategy.planning.device_memory import default_cache_limit
 from lightning_epipe.strategy.planning.partition import PipelinePlan, find_pipeline
@@ -43,14 +44,15 @@ class RankAssembly:
     client_backup: dict[str, Tensor] = field(default_factory=dict)  # the client's real weights before release
 
 
-def check_setup(module: LightningModule, model: nn.Module, precision_plugin: object) -> None:
+def check_setup(module: LightningModule, model: nn.Module, precision_plugin: object, nonfinite: str) -> None:
     """Refuse what Lightning could hand the strategy but a pipeline cannot run."""
     if module is not model:
         raise ValueError("EPipeStrategy needs the LightningModule itself, not a wrapped model")
-    if getattr(precision_plugin, "scaler", None) is not None:
+    if scaler_of(precision_plugin) is not None and nonfinite == "skip":
         raise ValueError(
-            "precision='16-mixed' needs a GradScaler, whose per-rank overflow checks would disagree across"
-            " stages: use precision='bf16-mixed', 'bf16-true' or '32-true' with EPipeStrategy"
+            "nonfinite='skip' with precision='16-mixed': the GradScaler already skips a step whose gradients"
+            " overflowed, on every rank, and lowers its scale (a step skipped here would not lower it); leave"
+            " nonfinite at its default"
         )
 
 

@@ -68,6 +68,7 @@ ARGUMENTS = """\
         pipeline: attribute name of the ``nn.Sequential`` (default: the only one).
         placement: ``"client-server"`` (rank 0 runs the first and last stage) or ``"chain"``.
         nonfinite: ``"raise"`` stops on NaN/Inf crossing a cut, ``"skip"`` skips that step on every rank.
+            Under ``precision="16-mixed"`` they cross raw and the GradScaler skips the step on every rank.
         checkpoint: activation recomputation per stage (torchgpipe's): ``"always"``,
             ``"except_last"`` (all micro-batches but the last) or ``"never"``.
         timeout: bound on every wait for a peer (and the process group's collectives).

@@ -49,6 +49,7 @@ from lightning_epipe.strategy.config import ARGUMENTS, CompressorArg, PipelineCo
 from lightning_epipe.strategy.core_binding import CoreBinding
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.clipping import clip_across_stages
+from lightning_epipe.strategy.engine.grad_scaling import agree_on_overflow, check_unscaling, scaler_of
 from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
 from lightning_epipe.strategy.engine.rank_steps import RankSteps
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
@@ -218,7 +219,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
     @override
     def setup(self, trainer: Trainer) -> None:
         assert self.accelerator is not None and self.model is not None
-        check_setup(self.lightning_module, self.model, self.precision_plugin)
+        check_setup(self.lightning_module, self.model, self.precision_plugin, self.config.nonfinite)
         self.accelerator.setup(trainer)
         module = self.lightning_module
         saved = (self._checkpoint.resume or {}).get("bottlenecks")
@@ -237,16 +238,21 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
             if added and self.is_client:
                 log.info("EPipeStrategy: the first optimizer also trains the bottlenecks' %s", added)
         self.setup_precision_plugin()
+        scaler = scaler_of(self.precision_plugin)
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
+            if scaler is not None:  # 16-mixed: every rank skips, steps and scales as one
+                check_unscaling(self.optimizers)
+                agree_on_overflow(self.precision_plugin, self.root_device)
         if self._pipe_transport is None:  # kept across fit/validate/test: receives may be posted ahead
             self._transport, self._pipe_transport = create_transports(
                 self.layout, self.global_rank, self.root_device, self._groups, self.config.timeout,
                 self.config.verify_checksum, self.stats, self._backend)
             if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
+        nonfinite = "allow" if scaler is not None else self.config.nonfinite  # overflow is the GradScaler's to handle
         runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
-                                  self.config.nonfinite, self.config.checkpoint, assembly.bottlenecks)
+                                  nonfinite, self.config.checkpoint, assembly.bottlenecks)
         self._checkpoint.attach(ckpt.CheckpointRank(
             self._transport, self.world_size, self.global_rank, self.root_device, module, assembly.pipeline_attr,
             None if self.is_client else tuple(plan.layers_of(self.pipeline_rank)), codecs, list(plan.balance),

@@ -70,9 +70,9 @@ def test_gloo_between_gpus_stages_through_host_memory(tmp_path):
 
 
 @two_gpus
-@pytest.mark.parametrize("precision", ["bf16-mixed"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])  # 16-mixed: a GradScaler on every rank
 @pytest.mark.parametrize("codec", ["fp16", "sortquant", "quantize", "topk", "powersgd", "lloydmax"])
-def test_every_codec_trains_under_bf16_autocast(tmp_path, precision, codec):
+def test_every_codec_trains_under_autocast(tmp_path, precision, codec):
     got = _train(tmp_path, "--devices", 2, "--compressor", codec, "--precision", precision)
     assert all(torch.isfinite(torch.tensor(got["losses"])))
 
@@ -94,9 +94,10 @@ def test_two_ranks_on_one_gpu_equal_one_process(tmp_path, placement, schedule):
 
 
 @one_gpu
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 @pytest.mark.parametrize("codec", ["sortquant", "lloydmax", "hadamard", "powersgd"])
-def test_codecs_train_on_one_gpu_under_bf16_autocast(tmp_path, codec):
-    got = _train_sharing_one_gpu(tmp_path, "--compressor", codec, "--precision", "bf16-mixed", steps=6)
+def test_codecs_train_on_one_gpu_under_autocast(tmp_path, codec, precision):
+    got = _train_sharing_one_gpu(tmp_path, "--compressor", codec, "--precision", precision, steps=6)
     assert got["losses"][-1] == pytest.approx(reference(steps=6, batch_size=16).losses[-1], rel=0.05)
 
 

@@ -25,6 +25,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import lightning as L
+from lightning.pytorch.plugins.precision import MixedPrecision
 
 
 def make_data(n: int = 96, features: int = 16, classes: int = 4, seed: int = 0) -> TensorDataset:
@@ -52,6 +53,7 @@ class TinyNet(L.LightningModule):
         self.manual_clip = manual_clip  # manual optimization: (algorithm, value) for self.clip_gradients
         self.losses: list[float] = []
         self.val_losses: list[float] = []
+        self.scales: list[float] = []  # the GradScaler's scale after each step (precision 16-mixed)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -67,6 +69,11 @@ class TinyNet(L.LightningModule):
                 self.clip_gradients(opt, gradient_clip_val=value, gradient_clip_algorithm=algorithm)
             opt.step()
         return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None:
+            self.scales.append(float(scaler.get_scale()))
 
     def pipeline_loss(self, output, batch):
         """One micro-batch's mean loss, for EPipeStrategy(schedule="1f1b")."""
@@ -102,10 +109,20 @@ def trainer_kwargs(steps: int, **extra) -> dict:
     )
 
 
-def reference(steps: int, batch_size: int, clip: float | None = None, accumulate: int = 1, **model_kwargs) -> TinyNet:
+def fp16_mixed(init_scale: float) -> MixedPrecision:
+    """precision="16-mixed" on the CPU (which Lightning's flag turns into bf16 there): float16
+    autocast and a GradScaler starting at ``init_scale`` that backs off 64x at an overflow."""
+    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale,
+                                                                          backoff_factor=2.0 ** -6))
+
+
+def reference(steps: int, batch_size: int, clip: float | None = None, accumulate: int = 1,
+              fp16_scale: float | None = None, **model_kwargs) -> TinyNet:
     """The same training in one process without EPipeStrategy."""
     model = TinyNet(**model_kwargs)
-    trainer = L.Trainer(devices=1, gradient_clip_val=clip, accumulate_grad_batches=accumulate, **trainer_kwargs(steps))
+    plugins = [fp16_mixed(fp16_scale)] if fp16_scale else None
+    trainer = L.Trainer(devices=1, gradient_clip_val=clip, accumulate_grad_batches=accumulate, plugins=plugins,
+                        **trainer_kwargs(steps))
     trainer.fit(model, loader(batch_size))
     return model
 
@@ -121,7 +138,7 @@ class PrintCores(L.Callback):
 def rank_zero_result(trainer, model) -> dict:
     """What rank 0 saw in training: its losses and metrics, its counters per link, auto's choices."""
     strategy = trainer.strategy
-    return {"losses": model.losses, "val_losses": model.val_losses, "device": str(strategy.root_device),
+    return {"losses": model.losses, "val_losses": model.val_losses, "scales": model.scales, "device": str(strategy.root_device),
             "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
             "stats": link_stats(trainer), "auto": strategy.auto_choices,
             "auto_history": [{"step": step, "link": f"{c.direction}/cut{c.cut}", "codec": c.label,
@@ -250,6 +267,7 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=2)
     p.add_argument("--precision", default="32-true")
+    p.add_argument("--fp16-scale", type=float, default=None, help="16-mixed on the CPU, the GradScaler's init_scale")
     p.add_argument("--start-method", default="fork", help="popen: Lightning re-runs this script per rank")
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--checkpoint", default="never", help="activation recomputation")
@@ -305,7 +323,11 @@ def main() -> None:
     if args.ckpt_dir:
         kwargs["enable_checkpointing"] = True
     kwargs["accelerator"] = args.accelerator
-    trainer = L.Trainer(devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, precision=args.precision, **kwargs)
+    if args.fp16_scale:
+        kwargs["plugins"] = [fp16_mixed(args.fp16_scale)]
+    else:
+        kwargs["precision"] = args.precision
+    trainer = L.Trainer(devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, **kwargs)
     if args.fault == "sigterm-validate":  # a standalone validate, stopped by SIGTERM
         try:
             trainer.validate(model, loader(args.batch_size), verbose=False)

@@ -23,6 +23,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 
+from lightning_epipe.strategy.engine.grad_scaling import scaler_of
 from lightning_epipe.strategy.engine.microbatch import batch_size, scatter
 
 __all__ = ["check_1f1b", "as_leaf", "MicrobatchLosses", "GradientStash"]
@@ -58,7 +59,9 @@ class MicrobatchLosses:
 
     def loss_fn(self, module: LightningModule, batch: Any, microbatches: list[Any]) -> Callable[[int, Any], Tensor]:
         """``loss_of(i, output_i)``: ``module.pipeline_loss`` on micro-batch ``i``'s slice of ``batch``
-        (split like the pipeline's input), weighted by its rows' share and by gradient accumulation."""
+        (split like the pipeline's input), weighted by its rows' share and by gradient accumulation,
+        and scaled by the GradScaler under ``precision="16-mixed"`` (Lightning scales the loss it
+        backpropagates; these the pipeline backpropagates itself)."""
         parts = scatter(batch, len(microbatches)) if batch is not None else []
         rows = [batch_size(mb) for mb in microbatches]
         if [batch_size(p) for p in parts] != rows:
@@ -68,12 +71,13 @@ class MicrobatchLosses:
                 " the pipelined Sequential's input must have one row per row of the batch"
             )
         scale = 1.0 / module.trainer.accumulate_grad_batches
+        scaler = scaler_of(module.trainer.precision_plugin)
         self.total = None
 
         def loss_of(i: int, output: Any) -> Tensor:
             loss = module.pipeline_loss(output, parts[i]) * (rows[i] / sum(rows))
             self.total = loss.detach() if self.total is None else self.total + loss.detach()
-            return loss * scale
+            return loss * scale if scaler is None else scaler.scale(loss * scale)
 
         return loss_of
 

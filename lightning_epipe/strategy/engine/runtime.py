@@ -439,8 +439,11 @@ class PipelineRuntime:
         return codec
 
     def _on_nonfinite(self, kind: Kind, cut: int, mb: int, t: Tensor, overflow: Optional[str] = None):
-        """Raise, or (``nonfinite="skip"``) mark the step and send the values raw so NaN stays NaN.
+        """Raise, or (``nonfinite="skip"``) mark the step and send the values raw so NaN stays NaN;
+        under a GradScaler (``"allow"``) send them raw: the scaler skips the step on every rank.
         ``overflow``: the codec's message where ``t`` is finite but its cast would not be."""
+        if self.nonfinite == "allow":
+            return self.codecs.raw
         stage = cut if kind == Kind.ACTIVATION else cut + 1
         what = f"values past the codec's range ({overflow})" if overflow else f"{int((~torch.isfinite(t)).sum())} NaN/Inf values"
         where = f"{what} in the {Direction.of(kind)} leaving stage {stage} (rank {self.rank}) at step {self.step}, micro-batch {mb}"
