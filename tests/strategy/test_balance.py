@@ -26,6 +26,21 @@ def test_measure_layers_times_every_layer_and_leaves_the_model_as_it_was():
     assert all(p.grad is None for p in seq.parameters()) and torch.equal(torch.get_rng_state(), rng)
 
 
+def test_measure_layers_moves_one_layer_at_a_time_to_the_device():
+    """A model larger than one device is measured too: each layer goes to the device, is timed,
+    and goes back before the next one comes."""
+    seq, events = net(), []
+    for i, layer in enumerate(seq):
+        layer.register_forward_hook(lambda *_, i=i: events.append(("forward", i)))
+        moved = layer.to
+        layer.to = lambda *args, i=i, moved=moved, **kwargs: (events.append(("to", i)), moved(*args, **kwargs))[1]
+    measure_layers(seq, torch.randn(16, 8), repeats=2)
+    expected = []
+    for i in range(len(seq)):
+        expected += [("to", i)] + [("forward", i)] * 3 + [("to", i)]
+    assert events == expected
+
+
 def test_cut_bytes_count_both_directions_after_compression():
     _, outputs = measure_layers(net(), torch.randn(16, 8), repeats=1)
     raw = 16 * 64 * 4

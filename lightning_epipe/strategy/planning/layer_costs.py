@@ -49,36 +49,40 @@ def balance_by_time(
 def measure_layers(layers: nn.Sequential, sample: Batch, device: torch.device | str = "cpu",
                    repeats: int = 3) -> tuple[list[float], list[Any]]:
     """Seconds of every layer's forward+backward on ``sample`` (summed over ``repeats`` after one
-    warm-up pass), and every layer's output (detached). Buffers (BatchNorm statistics) and the
-    RNG are restored."""
-    costs = [0.0] * len(layers)
+    warm-up pass), and every layer's output (detached, where the layers live). Measured where
+    the stage will run, one layer at a time: only that layer, its input and its output are on
+    ``device`` at once, so a model larger than one device is measured too. Buffers (BatchNorm
+    statistics) and the RNG are restored."""
+    costs: list[float] = []
     outputs: list[Any] = []
     home = next((t.device for t in layers.state_dict().values()), torch.device(device))
-    layers.to(device)  # measured where the stage will run (the whole model must fit there once)
-    buffers = {name: b.detach().clone() for name, b in layers.named_buffers()}
     x: Any = _to(sample, device)
     with torch.random.fork_rng(devices=[]):
-        for r in range(repeats + 1):
-            x_i = x
-            for i, layer in enumerate(layers):
-                x_i = _detach(x_i)
+        for layer in layers:
+            buffers = {name: b.detach().clone() for name, b in layer.named_buffers()}
+            layer.to(device)
+            seconds, first = 0.0, None
+            for r in range(repeats + 1):
+                x_r = _detach(x)
                 synchronize(torch.device(device))
                 start = time.perf_counter()
-                y = layer(x_i)
+                y = layer(x_r)
                 outs = [t for t in (y if isinstance(y, (tuple, list)) else (y,)) if t.requires_grad]
                 if outs:
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
                 synchronize(torch.device(device))
                 if r:
-                    costs[i] += time.perf_counter() - start
+                    seconds += time.perf_counter() - start
                 else:
-                    outputs.append(_detach(y))
-                x_i = y
-    layers.zero_grad(set_to_none=True)
-    with torch.no_grad():
-        for name, b in layers.named_buffers():
-            b.copy_(buffers[name])
-    layers.to(home)
+                    first = _detach(y)
+            layer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for name, b in layer.named_buffers():
+                    b.copy_(buffers[name])
+            layer.to(home)
+            costs.append(seconds)
+            outputs.append(_to(first, home))
+            x = first  # the next layer's input, still on the device
     return costs, outputs
 
 
