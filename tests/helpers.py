@@ -1,4 +1,5 @@
-"""Run a script as a real multi-process Lightning job and fail loudly if it hangs."""
+"""Run a script as a real multi-process Lightning job, or a function in two gloo processes,
+and fail loudly if it hangs."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,3 +63,33 @@ def run_nodes(script: str | Path, out_dir: Path, *args: str, nodes: int = 2, tim
                             timeout=timeout, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "NODE_RANK": str(node)})
                 for node in range(nodes)]
         return [run.result()[1] for run in runs]
+
+
+def run_two_gloo_ranks(body: Callable[[int], Any], timeout: float = 120) -> dict[int, Any]:
+    """``body(rank)`` in two spawned processes joined by a gloo process group on loopback
+    (``body``: a module-level function; what it returns must pickle). Returns each rank's
+    result; fails the test if they do not finish within ``timeout`` s."""
+    import pytest
+    import torch.multiprocessing as mp
+
+    results = mp.Manager().dict()
+    context = mp.start_processes(_gloo_rank, args=(body, free_port(), results), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            pytest.fail(f"the two gloo processes did not finish within {timeout} s")
+    return dict(results)
+
+
+def _gloo_rank(rank: int, body: Callable[[int], Any], port: int, results: dict) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))
+    try:
+        results[rank] = body(rank)
+    finally:
+        dist.destroy_process_group()

@@ -3,52 +3,35 @@ and what a server iterates instead of the client's data."""
 
 from __future__ import annotations
 
-import time
-from datetime import timedelta
 from pathlib import Path
 
-import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from lightning_epipe.strategy.comm.collectives import agree, broadcast_plain
 from lightning_epipe.strategy.server_data import ServerBatches, server_dataloader
-from tests.helpers import free_port
+from tests.helpers import run_two_gloo_ranks
 
 
-def _rank(rank: int, port: int, results: dict) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=30))
+def _rank(rank: int) -> dict:
     device = torch.device("cpu")
+    got = {
+        "path": broadcast_plain(Path("/ckpt/epoch=1.ckpt") if rank == 0 else None, device),
+        "value": broadcast_plain({"best": 0.25, "keys": [1, 2]} if rank == 1 else None, device, src=1),
+        "all_yes": agree(True, device),
+        "all_mixed": agree(rank == 0, device),
+        "any_mixed": agree(rank == 0, device, every=False),
+        "any_no": agree(False, device, every=False),
+    }
     try:
-        got = {
-            "path": broadcast_plain(Path("/ckpt/epoch=1.ckpt") if rank == 0 else None, device),
-            "value": broadcast_plain({"best": 0.25, "keys": [1, 2]} if rank == 1 else None, device, src=1),
-            "all_yes": agree(True, device),
-            "all_mixed": agree(rank == 0, device),
-            "any_mixed": agree(rank == 0, device, every=False),
-            "any_no": agree(False, device, every=False),
-        }
-        try:
-            broadcast_plain(object() if rank == 0 else None, device)
-            got["pickled"] = "no error"
-        except TypeError as error:
-            got["pickled"] = str(error)
-        results[rank] = got
-    finally:
-        dist.destroy_process_group()
+        broadcast_plain(object() if rank == 0 else None, device)
+        got["pickled"] = "no error"
+    except TypeError as error:
+        got["pickled"] = str(error)
+    return got
 
 
 def test_broadcast_and_agreement_across_two_processes() -> None:
-    results = mp.Manager().dict()
-    context = mp.start_processes(_rank, args=(free_port(), results), nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in context.processes:
-                p.kill()
-            pytest.fail("the two gloo processes did not finish within 120 s")
+    results = run_two_gloo_ranks(_rank)
     for rank in (0, 1):
         got = results[rank]
         assert got["path"] == Path("/ckpt/epoch=1.ckpt") and isinstance(got["path"], Path)

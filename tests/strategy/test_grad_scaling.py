@@ -7,19 +7,15 @@ that overflow and back off as much as through the others.
 
 from __future__ import annotations
 
-import time
-from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from lightning_epipe.strategy.assembly import check_setup
 from lightning_epipe.strategy.engine.grad_scaling import agree_on_overflow, check_unscaling
-from tests.helpers import ROOT, free_port, run_ranks
+from tests.helpers import ROOT, run_ranks, run_two_gloo_ranks
 from tests.strategy.resume import run_and_resume
 from tests.strategy.scenario import reference
 
@@ -39,45 +35,33 @@ def _step(scaler: torch.amp.GradScaler, model: nn.Module, optimizer: torch.optim
     return {"stepped": stepped, "scale": float(scaler.get_scale())}
 
 
-def _rank(rank: int, port: int, results: dict) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=30))
+def _rank(rank: int) -> dict:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    agree_on_overflow(SimpleNamespace(scaler=scaler), torch.device("cpu"))
+    if rank == 0:  # the client scales its loss; a server never does
+        scaler.scale(torch.ones(()))
+    inf = float("inf")
+    got = {
+        # only rank 0's gradients overflowed: both skip, both back off
+        "overflow_on_one": _step(scaler, model, optimizer, {"weight": inf if rank == 0 else 512.0, "bias": 512.0}),
+        "finite": _step(scaler, model, optimizer, {"weight": 512.0, "bias": 512.0}),
+        # rank 1 holds no gradient for this optimizer: it still takes part, and steps nothing
+        "no_grad_on_one": _step(scaler, model, optimizer, None if rank == 1 else {"weight": 512.0, "bias": 512.0}),
+    }
+    scaler.update(new_scale=2.0 if rank == 1 else 4.0)  # scales that disagree are refused
     try:
-        torch.manual_seed(0)
-        model = nn.Linear(4, 2)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-        agree_on_overflow(SimpleNamespace(scaler=scaler), torch.device("cpu"))
-        if rank == 0:  # the client scales its loss; a server never does
-            scaler.scale(torch.ones(()))
-        inf = float("inf")
-        got = {
-            # only rank 0's gradients overflowed: both skip, both back off
-            "overflow_on_one": _step(scaler, model, optimizer, {"weight": inf if rank == 0 else 512.0, "bias": 512.0}),
-            "finite": _step(scaler, model, optimizer, {"weight": 512.0, "bias": 512.0}),
-            # rank 1 holds no gradient for this optimizer: it still takes part, and steps nothing
-            "no_grad_on_one": _step(scaler, model, optimizer, None if rank == 1 else {"weight": 512.0, "bias": 512.0}),
-        }
-        scaler.update(new_scale=2.0 if rank == 1 else 4.0)  # scales that disagree are refused
-        try:
-            _step(scaler, model, optimizer, {"weight": 1.0, "bias": 1.0})
-            got["differing_scales"] = "no error"
-        except RuntimeError as error:
-            got["differing_scales"] = str(error)
-        results[rank] = got
-    finally:
-        dist.destroy_process_group()
+        _step(scaler, model, optimizer, {"weight": 1.0, "bias": 1.0})
+        got["differing_scales"] = "no error"
+    except RuntimeError as error:
+        got["differing_scales"] = str(error)
+    return got
 
 
 def test_every_rank_skips_steps_and_scales_as_one() -> None:
-    results = mp.Manager().dict()
-    context = mp.start_processes(_rank, args=(free_port(), results), nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in context.processes:
-                p.kill()
-            pytest.fail("the two gloo processes did not finish within 120 s")
+    results = run_two_gloo_ranks(_rank)
     for rank in (0, 1):
         got = results[rank]
         assert got["overflow_on_one"] == {"stepped": False, "scale": 512.0}, rank
