@@ -16,8 +16,8 @@ and the load average before and after. The pipelines' split (``--splits``): ``pa
 (EPipe's default, and the same per-rank parameter balance for torch's stages) or ``time``
 (each layer's forward+backward measured once in this process on one micro-batch, one torch
 thread, then solved as EPipe's ``balance="time"`` does; both pipelines get the same list).
-DDP runs once per model and process count. Writes ``benchmarks/results/throughput.png`` and
-the JSON (``--out``, default ``throughput.json``).
+DDP runs once per model and process count. Writes the JSON and its plot under
+``benchmarks/results/`` (``--out``: default ``throughput.json``, and ``throughput.png``).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.codecs import CODECS  # noqa: E402
-import torch  # noqa: E402
-
 from benchmarks.common import axes, finish, fmt, load_average, markdown_table, rep_ratios, run, write_json  # noqa: E402
 from benchmarks.models import build_layers, make_data  # noqa: E402
 from lightning_epipe.strategy.planning.layer_costs import balance_by_time  # noqa: E402
