@@ -2,6 +2,10 @@
 
     python benchmarks/slow_link.py             # quick: 50, 200, 1000 Mbit/s and unlimited, 2 processes
     python benchmarks/slow_link.py --full      # more steps, also 10 and 500 Mbit/s, and DDP
+    python benchmarks/slow_link.py --model mobilenet --placement client-server --balance 1 18 1 \
+        --batch 64 --rates 20 --methods sortquant-8 powersgd-4 --out slow_link_mobilenet.json
+                                               # the report's set-up: a client holding the first
+                                               # block and the head, a server the rest
 
 Each rate gets its own network namespace (``ip netns add``) whose loopback is limited with
 ``tc qdisc add dev lo root tbf rate R burst 1mbit latency 100ms``; the whole launcher runs
@@ -124,6 +128,8 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=2)
     parser.add_argument("--batch", type=int, default=192)
     parser.add_argument("--chunks", type=int, default=4)
+    parser.add_argument("--placement", default="chain", choices=["chain", "client-server"])
+    parser.add_argument("--balance", nargs="+", type=int, help="layers per stage (default: by parameters)")
     parser.add_argument("--steps", type=int)
     parser.add_argument("--ddp", action="store_true", help="also DDP at every rate (slow: it all-reduces the weights)")
     parser.add_argument("--methods", nargs="+", help=f"codecs to run (none always runs): {list(CODECS)}")
@@ -137,13 +143,14 @@ def main() -> None:
     rates = args.rates or ([10, 50, 200, 500, 1000] if args.full else [50, 200, 1000])
     steps = args.steps or (40 if args.full else 10)
     base = dict(model=args.model, devices=args.devices, batch=args.batch, chunks=args.chunks, steps=steps,
-                warmup=max(2, steps // 5), full=args.full, timeout=600)
+                warmup=max(2, steps // 5), full=args.full, timeout=600, placement=args.placement,
+                balance=args.balance)
     load_before = load_average()
     print(load_before, flush=True)
     rows = measure(rates + [None], base, args.ddp or args.full, args.methods, args.repeats)
     text = tables(rows)
     write_json(args.out, {"load_before": load_before, "load_after": load_average(), "steps": steps,
-                          "repeats": args.repeats, "rows": rows, "table": text})
+                          "repeats": args.repeats, "config": base, "rows": rows, "table": text})
     print(text)
     print(load_average())
     print("plot:", plot(rows, Path(args.out).with_suffix(".png").name))
