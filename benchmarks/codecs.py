@@ -13,3 +13,10 @@ CODECS = {
     # chosen per link from the rate of its own traffic (once it has carried 2 MiB) and the codecs' measured speed
     "auto": {"compressor": "auto", "compressor_kwargs": {"retune_every": 1000}},
 }
+
+#: codecs that learn with the model, run where a script is asked for them by name: the
+#: bottleneck is sized and PCA-started on the module's ``example_input_array`` (``worker.py``
+#: gives it the first micro-batch of the run's data)
+LEARNED = {
+    "bottleneck-0.1": {"compressor": "bottleneck", "compressor_kwargs": {"ratio": 0.1}},
+}

@@ -183,7 +183,10 @@ def run_lightning(cfg: dict) -> dict | None:
     shard = (int(os.environ.get("LOCAL_RANK", "0")) // (devices // readers), readers)
     trainer = _trainer(cfg, strategy, devices, callbacks, max_epochs=1, log_every_n_steps=10**6,
                        use_distributed_sampler=False)  # each reader takes its shard of every batch itself
-    trainer.fit(StackRegressor(layers), loader(data, batch, *shard))
+    model = StackRegressor(layers)
+    if (cfg.get("codec") or {}).get("compressor") == "bottleneck":  # sized and PCA-started on real inputs
+        model.example_input_array = data.tensors[0][:batch // cfg["chunks"]]
+    trainer.fit(model, loader(data, batch, *shard))
     if not trainer.is_global_zero:
         return None
     result = rates(timer.times, cfg["warmup"], batch)
