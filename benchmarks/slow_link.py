@@ -3,8 +3,8 @@
     python benchmarks/slow_link.py             # quick: 50, 200, 1000 Mbit/s and unlimited, 2 processes
     python benchmarks/slow_link.py --full      # more steps, also 10 and 500 Mbit/s, and DDP
     python benchmarks/slow_link.py --model mobilenet --placement client-server --balance 1 18 1 \
-        --batch 64 --rates 20 --methods sortquant-8 powersgd-4 --out slow_link_mobilenet.json
-                                               # the report's set-up: a client holding the first
+        --batch 64 --rates 20 100 --methods sortquant-8 powersgd-4 bottleneck-0.1 \
+        --out slow_link_mobilenet.json         # the report's set-up: a client holding the first
                                                # block and the head, a server the rest
 
 Each rate gets its own network namespace (``ip netns add``) whose loopback is limited with
