@@ -117,11 +117,11 @@ def fp16_mixed(init_scale: float) -> MixedPrecision:
 
 
 def reference(steps: int, batch_size: int, clip: float | None = None, accumulate: int = 1,
-              fp16_scale: float | None = None, **model_kwargs) -> TinyNet:
+              fp16_scale: float | None = None, precision: str = "32-true", **model_kwargs) -> TinyNet:
     """The same training in one process without EPipeStrategy."""
     model = TinyNet(**model_kwargs)
-    plugins = [fp16_mixed(fp16_scale)] if fp16_scale else None
-    trainer = L.Trainer(devices=1, gradient_clip_val=clip, accumulate_grad_batches=accumulate, plugins=plugins,
+    precision_args = {"plugins": [fp16_mixed(fp16_scale)]} if fp16_scale else {"precision": precision}
+    trainer = L.Trainer(devices=1, gradient_clip_val=clip, accumulate_grad_batches=accumulate, **precision_args,
                         **trainer_kwargs(steps))
     trainer.fit(model, loader(batch_size))
     return model

@@ -80,3 +80,19 @@ def test_compressed_bf16_pipeline_learns(tmp_path):
     ref = torch.tensor(reference(steps=len(losses), batch_size=16).losses)
     assert losses[-6:].mean() < losses[:6].mean() - 0.5
     assert abs(losses[-6:].mean() - ref[-6:].mean()) < 0.15
+
+
+# a few units in the last place of a loss near 1 in each dtype
+HALF_ATOL = {"bf16-true": 0.03, "16-true": 0.005}
+
+
+@pytest.mark.parametrize("precision", HALF_ATOL)
+def test_half_precision_weights_train_like_one_process(tmp_path, precision):
+    """Weights, activations and gradients in bfloat16 or float16 ("-true"): every step's loss is
+    one process's within the dtype's rounding, and it falls."""
+    out = tmp_path / "result.pt"
+    run_ranks(SCRIPT, "--out", out, "--epochs", 5, "--precision", precision, timeout=240)
+    losses = torch.tensor(torch.load(out, weights_only=False)["losses"])
+    ref = torch.tensor(reference(steps=len(losses), batch_size=16, precision=precision).losses)
+    assert len(losses) == 30 and losses[-6:].mean() < losses[:6].mean() - 0.5
+    torch.testing.assert_close(losses, ref, rtol=0, atol=HALF_ATOL[precision])
