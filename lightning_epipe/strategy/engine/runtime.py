@@ -417,7 +417,10 @@ class PipelineRuntime:
         codec = self.codecs.raw if kind == Kind.INPUT else self._bound(self.codecs.get(direction, cut, mb, j, t), mb)
         if kind != Kind.INPUT and j == 0 and t.is_floating_point() and self.codecs.is_auto(direction, cut):
             self.samples[(direction, cut)] = t  # what compressor="auto" profiles the codecs on
-        if kind != Kind.INPUT and t.is_floating_point() and not _finite(t):  # the streams' codecs do not check
+        # under a GradScaler ("allow") NaN/Inf only switch the codec to raw: no probe (a host sync on
+        # an accelerator) where the codec sends the tensor's own bytes already
+        probe = self.nonfinite != "allow" or codec.codec_id != self.codecs.raw.codec_id
+        if kind != Kind.INPUT and t.is_floating_point() and probe and not _finite(t):  # the streams' codecs do not check
             codec = self._on_nonfinite(kind, cut, mb, t)
             flags |= Flag.NONFINITE
         with _no_autocast(t.device.type):  # codecs compute in the tensor's own dtype
