@@ -151,7 +151,8 @@ def table(rows: list[dict]) -> str:
                            "EPipe - torch ms/step", "Lightning ms/step", "errors"], body)
 
 
-def plot(rows: list[dict]) -> Path:
+def plot(rows: list[dict], name: str = "engine.png") -> Path:
+    """The ratio per width, a line per (K, schedule, chunks), saved as ``results/name``."""
     fig, ax = axes()
     for (k, schedule) in sorted({(r["stages"], r["schedule"]) for r in rows}):
         for m in sorted({r["chunks"] for r in rows}):
@@ -161,7 +162,7 @@ def plot(rows: list[dict]) -> Path:
                 ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"K={k} {schedule} m={m}")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
-    return finish(fig, ax, "engine.png", "width", "EPipe samples/s / torch.distributed.pipelining",
+    return finish(fig, ax, name, "width", "EPipe samples/s / torch.distributed.pipelining",
                   "EPipe (compressor='none') vs torch pipelining, same model and split")
 
 
@@ -212,7 +213,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--slow-link", action="store_true", help="the shaped-link table instead of the grid")
     parser.add_argument("--rates", nargs="+", type=float, default=[20, 100])
-    parser.add_argument("--out", default=None, help="file name under benchmarks/results")
+    parser.add_argument("--out", default=None, help="file name under benchmarks/results (the plot: the same name, .png)")
     args = parser.parse_args()
     load_before = load_average()
     print(load_before, flush=True)
@@ -229,10 +230,10 @@ def main() -> None:
         grid = cells(args.widths, args.chunks, args.stages, args.one_f_one_b, args.no_checksum, args.widths3)
         rows = measure(grid, args.repeats, args.steps)
         text = table(rows)
-        write_json(args.out or "engine.json", {"load_before": load_before, "load_after": load_average(), "rows": rows,
-                                               "summary": [summary(r) for r in rows],
-                                               "table": text})
-        print("plot:", plot(rows))
+        out = args.out or "engine.json"
+        write_json(out, {"load_before": load_before, "load_after": load_average(), "rows": rows,
+                         "summary": [summary(r) for r in rows], "table": text})
+        print("plot:", plot(rows, str(Path(out).with_suffix(".png"))))  # beside the JSON
     print(text)
     print(load_average())
 
