@@ -29,7 +29,8 @@ namespace whose loopback is shaped by ``tc tbf`` (20 and 100 Mbit/s, burst 1 Mbi
 bound of a codec is ``min(its unlimited samples/s, link bytes/s / its wire bytes per sample)``
 (the loopback carries both directions, so the bytes per sample are both directions').
 The machine's load average is printed with each table. Writes
-``benchmarks/results/engine{,_slow_link}.{json,png}``.
+``benchmarks/results/engine.{json,png}`` (``--out NAME``: ``NAME`` and the plot beside it)
+and, with ``--slow-link``, ``engine_slow_link.json``.
 """
 
 from __future__ import annotations
