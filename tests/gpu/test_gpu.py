@@ -6,11 +6,14 @@ The strategy tests start real processes (``tests/strategy/scenario.py`` with ``-
 gpu``) and compare with the same training in one CPU process (float tolerance across devices).
 On one GPU, two ranks share it as two one-device "nodes" on loopback, gloo between them
 (NCCL refuses two ranks on one device): the CUDA path of the engine (host-staged frames,
-autocast, codecs on the GPU) end to end. The codec tests encode on the GPU and decode on
-both the GPU and the host.
+autocast, GradScalers, codecs, ``balance="time"``, ``auto`` and checkpoints on the GPU) end to
+end. The codec tests encode on the GPU and decode on both the GPU and the host.
 """
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 import torch
@@ -36,15 +39,24 @@ def _train(tmp_path, *args, steps=4):
 def _train_sharing_one_gpu(tmp_path, *args, steps=4):
     """Two ranks on cuda:0, started as two nodes of one device each (the way a cluster
     launcher starts them), gloo between them; rank 0's result."""
-    run_nodes(SCRIPT, tmp_path, "--devices", 1, "--steps", steps, "--batch-size", 16, "--accelerator", "gpu",
-              "--backend", "gloo", "--start-method", "popen", *args, timeout=300)
+    _share_one_gpu(tmp_path / "node0.pt", "--steps", steps, "--batch-size", 16, *args)
     got = torch.load(tmp_path / "node0.pt", weights_only=False, map_location="cpu")
     assert got["device"] == "cuda:0"
     return got
 
 
-def _assert_matches_reference(got, steps=4, rtol=1e-4, atol=1e-5):
-    ref = reference(steps=steps, batch_size=16)
+def _share_one_gpu(out, *args):
+    """``scenario.py args`` in two ranks sharing cuda:0 (two one-device nodes, gloo); rank 0's
+    result written to ``out``."""
+    nodes = out.parent / f"{out.stem}.nodes"
+    nodes.mkdir()
+    run_nodes(SCRIPT, nodes, "--devices", 1, "--accelerator", "gpu", "--backend", "gloo", "--start-method", "popen",
+              *args, timeout=300)
+    shutil.copyfile(nodes / "node0.pt", out)
+
+
+def _assert_matches_reference(got, steps=4, rtol=1e-4, atol=1e-5, ref=None):
+    ref = ref if ref is not None else reference(steps=steps, batch_size=16)
     torch.testing.assert_close(torch.tensor(got["losses"]), torch.tensor(ref.losses), rtol=rtol, atol=atol)
     for name, value in ref.state_dict().items():
         torch.testing.assert_close(got["state_dict"][name], value, rtol=rtol, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
@@ -91,6 +103,52 @@ def test_checkpoint_resume_is_exact_on_gpus(tmp_path):
 def test_two_ranks_on_one_gpu_equal_one_process(tmp_path, placement, schedule):
     got = _train_sharing_one_gpu(tmp_path, "--placement", placement, "--schedule", schedule, "--chunks", 4)
     _assert_matches_reference(got)
+
+
+@one_gpu
+@pytest.mark.parametrize("codec", [["--compressor", "powersgd"], ["--delta", "--compressor", "quantize", "--bits", "2"]],
+                         ids=["powersgd", "delta-quantize-2"])
+def test_checkpoint_resume_is_exact_on_one_gpu(tmp_path, codec):
+    """Two ranks sharing the GPU, resumed from a checkpoint (delta caches and PowerSGD's state
+    back on the GPU): the run continues exactly."""
+    from tests.strategy.resume import run_and_resume
+
+    full, _ = run_and_resume(tmp_path, *codec, train=_share_one_gpu)
+    assert full["device"] == "cuda:0"
+
+
+@one_gpu
+def test_auto_decides_every_link_from_gpu_traffic(tmp_path):
+    """compressor="auto" on host-staged frames between GPU ranks: every link of both cuts is
+    decided from the training's own messages, and training goes on."""
+    kwargs = {"retune_every": 3, "min_bytes": 1024, "min_frames": 1, "window_bytes": 1 << 16}
+    got = _train_sharing_one_gpu(tmp_path, "--compressor", "auto", "--compressor-kwargs", json.dumps(kwargs), steps=5)
+    assert sorted(got["auto"]) == sorted(f"{d}/cut{c}" for d in ("activation", "gradient") for c in range(2))
+    assert all(0 < d["bandwidth"] < float("inf") for d in got["auto_history"])
+    assert len(got["losses"]) == 5 and all(torch.isfinite(torch.tensor(got["losses"])))
+
+
+@one_gpu
+def test_balance_by_time_on_one_gpu_equals_one_process(tmp_path):
+    """balance="time" times each layer on the GPU (one layer there at a time) and trains as one
+    process does on the split it chose."""
+    _assert_matches_reference(_train_sharing_one_gpu(tmp_path, "--balance", "time"))
+
+
+@one_gpu
+@pytest.mark.parametrize("placement", ["client-server", "chain"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_fp16_mixed_on_one_gpu_skips_and_scales_like_one_process(tmp_path, placement, schedule):
+    """CUDA float16 autocast and GradScalers whose first scales overflow: the two ranks skip the
+    same steps and back off to the same scales as one CPU process under float16 autocast, and
+    end with its weights within float16's rounding."""
+    from tests.strategy.test_grad_scaling import INIT_SCALE, SCALES
+
+    got = _train_sharing_one_gpu(tmp_path, "--placement", placement, "--schedule", schedule,
+                                 "--fp16-scale", INIT_SCALE, steps=len(SCALES))
+    ref = reference(steps=len(SCALES), batch_size=16, fp16_scale=INIT_SCALE)
+    assert ref.scales == SCALES and got["scales"] == SCALES
+    _assert_matches_reference(got, steps=len(SCALES), rtol=1e-3, atol=1e-4, ref=ref)
 
 
 @one_gpu

@@ -109,10 +109,10 @@ def trainer_kwargs(steps: int, **extra) -> dict:
     )
 
 
-def fp16_mixed(init_scale: float) -> MixedPrecision:
-    """precision="16-mixed" on the CPU (which Lightning's flag turns into bf16 there): float16
-    autocast and a GradScaler starting at ``init_scale`` that backs off 64x at an overflow."""
-    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale,
+def fp16_mixed(init_scale: float, device: str = "cpu") -> MixedPrecision:
+    """precision="16-mixed" (on the CPU Lightning's flag turns into bf16): float16 autocast on
+    ``device`` and a GradScaler starting at ``init_scale`` that backs off 64x at an overflow."""
+    return MixedPrecision("16-mixed", device, scaler=torch.amp.GradScaler(device, init_scale=init_scale,
                                                                           backoff_factor=2.0 ** -6))
 
 
@@ -267,7 +267,7 @@ def main() -> None:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--fault-step", type=int, default=2)
     p.add_argument("--precision", default="32-true")
-    p.add_argument("--fp16-scale", type=float, default=None, help="16-mixed on the CPU, the GradScaler's init_scale")
+    p.add_argument("--fp16-scale", type=float, default=None, help="16-mixed, the GradScaler's init_scale")
     p.add_argument("--start-method", default="fork", help="popen: Lightning re-runs this script per rank")
     p.add_argument("--num-nodes", type=int, default=1)
     p.add_argument("--checkpoint", default="never", help="activation recomputation")
@@ -324,7 +324,7 @@ def main() -> None:
         kwargs["enable_checkpointing"] = True
     kwargs["accelerator"] = args.accelerator
     if args.fp16_scale:
-        kwargs["plugins"] = [fp16_mixed(args.fp16_scale)]
+        kwargs["plugins"] = [fp16_mixed(args.fp16_scale, "cuda" if args.accelerator == "gpu" else "cpu")]
     else:
         kwargs["precision"] = args.precision
     trainer = L.Trainer(devices=args.devices, num_nodes=args.num_nodes, strategy=strategy, **kwargs)

@@ -1,5 +1,5 @@
-"""The collectives Lightning's hooks reach (broadcast, boolean agreement) in two real gloo processes,
-and what a server iterates instead of the client's data."""
+"""The collectives Lightning's hooks reach (broadcast, boolean agreement) and the link probe of
+balance="time" in two real gloo processes, and what a server iterates instead of the client's data."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from lightning_epipe.strategy.comm.collectives import agree, broadcast_plain
+from lightning_epipe.strategy.comm.collectives import agree, broadcast_plain, probe_bandwidth
 from lightning_epipe.strategy.server_data import ServerBatches, server_dataloader
 from tests.helpers import run_two_gloo_ranks
 
@@ -39,6 +39,16 @@ def test_broadcast_and_agreement_across_two_processes() -> None:
         assert (got["all_yes"], got["all_mixed"], got["any_mixed"], got["any_no"]) == (True, False, True, False)
         assert "never pickles" in got["pickled"]
     assert "object" in results[0]["pickled"] and "rank 0 says which" in results[1]["pickled"]
+
+
+def _probe_from_a_device_gloo_cannot_send(rank: int) -> float | None:
+    # "meta" stands in for a GPU: gloo carries host memory only, so the probe's messages must be there
+    return probe_bandwidth(0, 1, 1 << 16, rank, torch.device("meta"))
+
+
+def test_the_link_probe_sends_host_memory_on_gloo_whatever_the_device() -> None:
+    results = run_two_gloo_ranks(_probe_from_a_device_gloo_cannot_send)
+    assert results[0] > 0 and results[1] is None
 
 
 def test_a_server_iterates_one_placeholder_per_client_batch() -> None:

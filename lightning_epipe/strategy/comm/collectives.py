@@ -141,7 +141,11 @@ _PROBE_ROUNDS = 3
 
 def probe_bandwidth(src: int, dst: int, nbytes: int, rank: int, device: torch.device, rounds: int = _PROBE_ROUNDS) -> Optional[float]:
     """Bytes/s from ``src`` to ``dst`` for ``nbytes`` messages (best of ``rounds`` ping-pongs);
-    ``None`` on ranks other than ``src``. Both ``src`` and ``dst`` must call it, others must not."""
+    ``None`` on ranks other than ``src``. Both ``src`` and ``dst`` must call it, others must not.
+    On gloo the messages are in host memory whatever ``device`` is (gloo sends nothing else; the
+    pipeline's frames between GPUs are staged there too)."""
+    if dist.get_backend() == "gloo":
+        device = torch.device("cpu")
     size = torch.tensor([nbytes], dtype=torch.int64, device=device)
     ack = torch.zeros(1, dtype=torch.uint8, device=device)
     if rank == src:
