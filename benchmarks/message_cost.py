@@ -78,11 +78,11 @@ class MessageLoop:
         self.wire = wire
         queue: collections.deque = collections.deque()
 
-        def isend(frame, dst, group):
+        def isend(frame, dst, group, tag=0):
             queue.append(frame)
             return _Work()
 
-        def irecv(frame, src, group):
+        def irecv(frame, src, group, tag=0):
             return _Work(lambda: frame.copy_(queue.popleft()))
 
         try:  # as gloo: a send reports completion only once waited on

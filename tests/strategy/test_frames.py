@@ -16,6 +16,7 @@ from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
 from lightning_epipe.strategy.comm import memory_backend, transport
 from lightning_epipe.strategy.comm.transport import Transport, frame_capacity
 from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Command, Header, Kind
+from tests.helpers import run_two_gloo_ranks
 
 
 def _exchange(sizes: list[int]) -> tuple[list[int], list[int]]:
@@ -135,3 +136,78 @@ def test_restarted_frames_announce_a_new_codecs_size_with_a_bare_header():
     ends[1].prepost(0, Kind.ACTIVATION)
     with pytest.raises(RuntimeError, match="the activation stream has a receive posted"):
         ends[1].restart_frames("activation", 0, 1)
+
+
+# Step 1: every frame new (a notice each); step 2: micro-batch 2's payload grew (a notice, then its
+# frame), the others fill the frames both ends remember.
+PHASE_SIZES = {1: [1000, 1000, 1000, 1000], 2: [1000, 1000, 5000, 1000]}
+
+
+def _payload(step: int, mb: int) -> torch.Tensor:
+    n = PHASE_SIZES[step][mb]
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(10 * step + mb))
+
+
+def _post_phase(end: Transport) -> None:
+    """The receiver posts a phase's 4 receives at once."""
+    for mb in range(4):
+        end.prepost(0, Kind.ACTIVATION, mb, behind=True)
+
+
+def _send_phase(end: Transport, step: int) -> None:
+    for mb in range(4):
+        end.send(1, Header.data(Kind.ACTIVATION, step, mb, 4, 0, 1), _payload(step, mb))
+
+
+def _read_phase(end: Transport, step: int) -> list[bool]:
+    """Whether each of the phase's payloads arrived intact."""
+    intact = []
+    for mb in range(4):
+        got = end.recv(0, f"mb {mb}", kind=Kind.ACTIVATION, step=step, microbatch=mb)
+        intact.append(got.header.payload_nbytes == PHASE_SIZES[step][mb] and torch.equal(got.payload, _payload(step, mb)))
+    return intact
+
+
+@pytest.mark.parametrize(("rule", "posted_at_once"), [("gloo", 4), ("nccl", 1)])
+def test_a_phase_of_receives_posted_at_once_survives_a_frame_that_grew(rule, posted_at_once):
+    """Where tags are FIFOs of their own (gloo), a receiver posts a whole phase's receives before
+    the first message arrives, and a frame announced by a size notice travels on its own tag, so
+    it cannot land in a receive posted for a later micro-batch; under NCCL's rule (one FIFO
+    whatever the tag) a stream keeps one receive posted, and the frame follows its notice."""
+    fabric = MemoryFabric(2, rule=rule)
+    ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=fabric.backend(r)) for r in (0, 1)]
+    for step in (1, 2):
+        start = len(fabric.log)
+        _post_phase(ends[1])
+        _send_phase(ends[0], step)
+        assert _read_phase(ends[1], step) == [True] * 4
+        ends[0].flush()
+        ops = [(rank, op) for rank, op, *_ in fabric.log[start:]]
+        assert ops[:ops.index((0, "send"))].count((1, "recv")) == posted_at_once
+    resized = [group for rank, op, _peer, group, _n in fabric.log if rank == 0 and op == "send" and "tag" in str(group)]
+    assert len(resized) == (5 if rule == "gloo" else 0)  # step 1's four frames and step 2's grown one
+
+
+def _gloo_phases(rank: int) -> list[bool]:
+    import torch.distributed as dist
+
+    from lightning_epipe.strategy.comm.transport import DIST_BACKEND
+
+    group = dist.new_group([0, 1], backend="gloo")
+    end = Transport(rank, torch.device("cpu"), timedelta(seconds=20), backend=DIST_BACKEND,
+                    groups={("activation", 0, 1): group})
+    intact = []
+    for step in (1, 2):
+        if rank == 1:
+            _post_phase(end)
+            intact += _read_phase(end, step)
+        else:
+            _send_phase(end, step)
+            end.flush()
+    return intact
+
+
+def test_gloo_keeps_a_resized_frame_apart_from_the_receives_posted_ahead():
+    """The same on real gloo between two processes: its tags are FIFOs of their own."""
+    results = run_two_gloo_ranks(_gloo_phases)
+    assert results[1] == [True] * 8 and results[0] == []

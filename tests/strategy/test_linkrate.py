@@ -172,8 +172,8 @@ def test_sends_that_complete_only_when_waited_are_timed_at_the_flush_not_polled(
 
     def gloo_like(rank: int) -> P2PBackend:
         inner = fabric.backend(rank)
-        return P2PBackend(lambda t, dst, g: Unpolled(inner.isend(t, dst, g)), inner.irecv,
-                          completes_unwaited=lambda device: False)
+        return P2PBackend(lambda t, dst, g, tag=0: Unpolled(inner.isend(t, dst, g, tag)), inner.irecv,
+                          completes_unwaited=lambda device: False, tagged=inner.tagged)
 
     ends = [Transport(r, torch.device("cpu"), timedelta(seconds=5), backend=gloo_like(r)) for r in (0, 1)]
     payload = torch.zeros(1000, dtype=torch.uint8)

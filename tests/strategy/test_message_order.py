@@ -53,12 +53,27 @@ def test_every_rank_closes_its_step(placement, size, schedule):
     assert fabric.open_ends == {rank: [(0, 0)] * 3 for rank in range(size)}
 
 
-def test_a_small_last_batch_resizes_its_frames():
-    """Rows not divisible by chunks, and a later step with other shapes: frames announce their new size."""
-    trained, fabric, plan, batches = run_threaded("client-server", 2, "gpipe", 5, rows=13, steps=3)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("rule", ["nccl", "gloo"])
+def test_a_small_last_batch_resizes_its_frames(rule, schedule):
+    """Rows not divisible by chunks, and a later step with other shapes: frames announce their new
+    size (under gloo's rule while the phase's later receives are already posted)."""
+    trained, fabric, plan, batches = run_threaded("client-server", 2, schedule, 5, rows=13, steps=3, rule=rule)
     _check_weights(trained, plan, batches, 1)
     sends = [size for rank, op, _peer, _group, size in fabric.log if op == "send" and rank == 0]
     assert len(set(sends)) > 2  # headers, notices and full frames of several sizes
+
+
+@pytest.mark.parametrize(("placement", "receiver", "stream"), [
+    ("chain", 0, "activation 1->0"),  # the client posts before it sends the inputs
+    ("client-server", 0, "gradient 1->0"),  # ... and before its last stage's backward
+])
+def test_under_gloo_a_phase_posts_its_receives_at_once(placement, receiver, stream):
+    """From the second step on, a rank posts a phase's receives (one tensor per micro-batch)
+    before the first of its messages can have been sent."""
+    _, fabric, _, _ = run_threaded(placement, 2, "gpipe", 4, steps=2, rule="gloo")
+    ops = [(rank, op) for rank, op, _peer, group, _n in fabric.log if str(group).endswith(stream)]
+    assert len(ops) == 16 and ops[8:12] == [(receiver, "recv")] * 4, ops  # each step: 4 receives, 4 sends
 
 
 def test_one_stream_per_pair_would_stall():

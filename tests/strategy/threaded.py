@@ -82,6 +82,7 @@ def _client(runtime: PipelineRuntime, stages: nn.Module, batches, chunks: int, s
         else:  # training_step returns the loss (FINISH_STEP), then Lightning calls strategy.backward
             loss = F.cross_entropy(torch.cat(runtime.forward(microbatches)), y)
             runtime.command(Command.FINISH_STEP)
+            runtime.prepost_gradients()  # as EPipeStrategy.backward does
             loss.backward()
             runtime.backward()
         open_ends.append(runtime.open_ends)

@@ -11,7 +11,7 @@ completion rule of the backend chosen:
   larger than NCCL's link buffer). Two ranks whose streams both start with a send to the
   other stall: a wait then times out naming what it waited for.
 - ``"gloo"``: sends are buffered; a receive completes once a send from its peer on the
-  same group has been posted (FIFO per group and direction).
+  same group and tag has been posted (FIFO per group, tag and direction).
 
 Sizes must match exactly, as on NCCL and gloo. Example::
 
@@ -88,9 +88,14 @@ class MemoryFabric:
     def backend(self, rank: int) -> P2PBackend:
         """The point-to-point primitives of ``rank``, for ``Transport(backend=...)``."""
         return P2PBackend(
-            isend=lambda t, dst, group: self._post(_Op(self, rank, t, group, dst=dst)),
-            irecv=lambda t, src, group: self._post(_Op(self, rank, t, group, src=src)),
+            isend=lambda t, dst, group, tag=0: self._post(_Op(self, rank, t, self._tagged(group, tag), dst=dst)),
+            irecv=lambda t, src, group, tag=0: self._post(_Op(self, rank, t, self._tagged(group, tag), src=src)),
+            tagged=lambda device: self.rule == "gloo",
         )
+
+    def _tagged(self, group: Hashable, tag: int) -> Hashable:
+        """Under gloo's rule another tag is a FIFO of its own; NCCL matches whatever the tag."""
+        return (group, "tag", tag) if tag and self.rule == "gloo" else group
 
     def _stream(self, op: _Op) -> Hashable:
         pair = (min(op.rank, op.peer), max(op.rank, op.peer))

@@ -12,9 +12,12 @@ receive can be posted before it is sent (:meth:`prepost`), even where a codec's 
 varies by a few bytes from message to message (sort quantization's exact levels), and so
 does an epoch's smaller last batch. Any other payload (the first step, one that stays
 smaller, a codec that changed) is announced by a notice of the remembered size with the
-``RESIZE`` flag and the new frame's payload capacity, then sent on the same stream; the
-receiver posts the next frame of a stream only after it has read the one before, so a
-notice is never mistaken for a frame. A notice costs a whole frame
+``RESIZE`` flag and the new frame's payload capacity, then sent: on gloo under a tag of
+its own (``RESIZED_TAG``: a FIFO of its own within the stream's group), so the stream's FIFO
+only holds frames of the sizes both ends expect and a receiver may post a whole phase's
+receives at once (``prepost(behind=True)``); on NCCL, whose messages match in posting order
+whatever their tag, on the stream itself, where the receiver posts the next frame only
+after it has read the one before, so a notice is never mistaken for a frame. A notice costs a whole frame
 of the old size on the wire, which is why a payload that grew gets 1/64 of headroom, and why
 a codec switch restarts the stream's sizes on both ends (:meth:`Transport.restart_frames`).
 
@@ -100,26 +103,34 @@ def _always(device: torch.device) -> bool:
     return True
 
 
+def _never(device: torch.device) -> bool:
+    return False
+
+
 @dataclass
 class P2PBackend:
-    """Point-to-point primitives: ``torch.distributed`` or the in-memory ``memory_backend``.
+    """Point-to-point primitives: ``torch.distributed`` or the in-memory ``memory_backend``;
+    ``isend(tensor, dst, group, tag)`` and ``irecv(tensor, src, group, tag)``.
     ``completes_unwaited(device)``: whether a send or receive of frames on ``device`` may report
-    completion (``is_completed()``) before it is waited on; where it never does, nothing asks."""
+    completion (``is_completed()``) before it is waited on; where it never does, nothing asks.
+    ``tagged(device)``: whether messages of another ``tag`` on a group form a FIFO of their own
+    there (gloo's; NCCL matches in posting order whatever the tag)."""
 
-    isend: Callable[[Tensor, int, Any], Any]
-    irecv: Callable[[Tensor, int, Any], Any]
+    isend: Callable[[Tensor, int, Any, int], Any]
+    irecv: Callable[[Tensor, int, Any, int], Any]
     completes_unwaited: Callable[[torch.device], bool] = _always
+    tagged: Callable[[torch.device], bool] = _never
 
 
-def _dist_isend(t: Tensor, dst: int, group: Any) -> Any:
+def _dist_isend(t: Tensor, dst: int, group: Any, tag: int = 0) -> Any:
     """``dist.isend`` minus its per-call argument checks (the frames are always contiguous uint8)."""
     pg = dist.group.WORLD if group is None else group
-    return pg.send([t], dist.get_group_rank(pg, dst), 0)
+    return pg.send([t], dist.get_group_rank(pg, dst), tag)
 
 
-def _dist_irecv(t: Tensor, src: int, group: Any) -> Any:
+def _dist_irecv(t: Tensor, src: int, group: Any, tag: int = 0) -> Any:
     pg = dist.group.WORLD if group is None else group
-    return pg.recv([t], dist.get_group_rank(pg, src), 0)
+    return pg.recv([t], dist.get_group_rank(pg, src), tag)
 
 
 def _nccl_frames(device: torch.device) -> bool:
@@ -128,7 +139,16 @@ def _nccl_frames(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
-DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv, completes_unwaited=_nccl_frames)
+def _gloo_frames(device: torch.device) -> bool:
+    """Host frames travel on gloo, whose tags are separate FIFOs within a group."""
+    return device.type == "cpu"
+
+
+DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv, completes_unwaited=_nccl_frames, tagged=_gloo_frames)
+
+#: The tag of a frame announced by a ``RESIZE`` notice, where the backend keeps tags apart: the
+#: stream's own FIFO (tag 0) then only ever holds frames of the sizes both ends expect.
+RESIZED_TAG = 1
 
 
 @dataclass
@@ -218,7 +238,8 @@ class Transport:
         self._completes_unwaited = backend.completes_unwaited(self.wire_device)  # else sends are timed when flushed
         self._frame_sizes: dict[tuple[str, int, int, Key], int] = {}  # (stream, src, dst, key) -> bytes
         self._short: set[tuple[str, int, int, Key]] = set()  # keys whose last payload filled < 3/4 of its frame
-        self._posted: dict[tuple[str, int], _Posted] = {}  # (stream, peer) -> the receive posted ahead
+        self._posted: dict[tuple[str, int], list[_Posted]] = {}  # (stream, peer) -> receives posted ahead, in order
+        self._tagged = backend.tagged(self.wire_device)  # resized frames off the stream: receives may queue
         self._pending: list[_Sent] = []
         self.rates: dict[int, TransferWindow] = {}  # peer -> the latest data transfers to it
         self.arrivals: dict[tuple[str, int], Arrivals] = {}  # (stream, peer) -> data frames received, how many in time
@@ -268,7 +289,8 @@ class Transport:
             self._post(notice, peer, group, header)
             self._frame_sizes[slot] = nbytes
         self._poll_sends()
-        self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name), resized)
+        self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name), resized,
+                   RESIZED_TAG if resized and self._tagged else 0)
         return nbytes + (expected if resized else 0)
 
     def _fill_host_frame(self, buf: numpy.ndarray, prefix: bytes, payload: Optional[Tensor], size: int) -> int:
@@ -304,7 +326,7 @@ class Transport:
         notice each, instead of a frame padded to the old codec's size and then a notice of that
         size. Raises RuntimeError if a receive on that stream is posted (its size is committed).
         """
-        if (stream, src) in self._posted and dst == self.rank:
+        if self._posted.get((stream, src)) and dst == self.rank:
             raise RuntimeError(f"{self.link(src, outgoing=False)}: the {stream} stream has a receive posted; "
                                "restart its frames between steps")
         for slot in [slot for slot in self._frame_sizes if slot[:3] == (stream, src, dst)]:
@@ -316,12 +338,12 @@ class Transport:
         return torch.empty(nbytes, dtype=torch.uint8, device=device, pin_memory=self.host_staged and device.type == "cpu")
 
     def _post(self, frame: Tensor, peer: int, group: Any, header: Header, link: Optional[LinkKey] = None,
-              resized: bool = False) -> None:
+              resized: bool = False, tag: int = 0) -> None:
         if link is not None:  # sends still in flight to this peer now queue behind one more
             for sent in self._pending:
                 if sent.link is not None and sent.peer == peer and not sent.timed:
                     sent.queued = True
-        work = self.backend.isend(frame, self.offset + peer, group)
+        work = self.backend.isend(frame, self.offset + peer, group, tag)
         self._pending.append(_Sent(work, frame, peer, header, time.perf_counter(), link, resized=resized))
 
     def _poll_sends(self) -> None:
@@ -361,17 +383,27 @@ class Transport:
 
     # ------------------------------------------------------------------ receiving
 
-    def prepost(self, peer: int, kind: int, microbatch: int = 0, index: int = 0) -> None:
+    def prepost(self, peer: int, kind: int, microbatch: int = 0, index: int = 0, behind: bool = False) -> None:
         """Post the receive of the next message from ``peer`` on ``kind``'s stream now, so it
-        lands while this rank computes (no-op if that stream already has one posted)."""
-        name, group, device = self._route(kind, peer, self.rank)
-        if (name, peer) not in self._posted:
-            self._posted[(name, peer)] = self._post_recv(name, group, device, peer, _key(kind, microbatch, index))
+        lands while this rank computes (no-op if that stream already has one posted).
 
-    def _post_recv(self, name: str, group: Any, device: torch.device, peer: int, key: Key) -> _Posted:
+        ``behind``: post it after those already posted on the stream (no-op if this message is
+        among them), so that a whole phase's receives are posted at once and each message is
+        written by its sender as soon as it is sent, not when the receiver comes to it. The
+        caller posts in the stream's order. Only where the backend keeps tags apart (gloo):
+        there a frame announced by a ``RESIZE`` notice travels on its own tag and can never
+        land in a receive posted for a later message; elsewhere (NCCL) a stream holds one
+        posted receive at a time, and ``behind`` posts only on a stream with none."""
+        name, group, device = self._route(kind, peer, self.rank)
+        key = _key(kind, microbatch, index)
+        queue = self._posted.setdefault((name, peer), [])
+        if not queue or (behind and self._tagged and all(p.key != key for p in queue)):
+            queue.append(self._post_recv(name, group, device, peer, key))
+
+    def _post_recv(self, name: str, group: Any, device: torch.device, peer: int, key: Key, tag: int = 0) -> _Posted:
         size = self._frame_sizes.get((name, peer, self.rank, key), HEADER_NBYTES)
         frame = self._frame(size, device)
-        return _Posted(key, frame, self.backend.irecv(frame, self.offset + peer, group))
+        return _Posted(key, frame, self.backend.irecv(frame, self.offset + peer, group, tag))
 
     def recv(self, peer: int, what: str, idle: bool = False, **expect: int) -> Received:
         """Receive the next message from ``peer`` on the stream of ``expect["kind"]``; its header
@@ -380,7 +412,8 @@ class Transport:
         link = self.link(peer, outgoing=False)
         name, group, device = self._route(kind, peer, self.rank)
         key = _key(kind, expect.get("microbatch", 0), expect.get("index", 0))
-        posted = self._posted.pop((name, peer), None)
+        queue = self._posted.get((name, peer))
+        posted = queue.pop(0) if queue else None
         if posted is None:
             posted = self._post_recv(name, group, device, peer, key)
         elif posted.key != key:
@@ -398,7 +431,7 @@ class Transport:
         frame, nbytes = posted.frame, posted.frame.numel()
         if header.flags & Flag.RESIZE:
             self._frame_sizes[(name, peer, self.rank, key)] = HEADER_NBYTES + header.payload_nbytes
-            resized = self._post_recv(name, group, device, peer, key)
+            resized = self._post_recv(name, group, device, peer, key, RESIZED_TAG if self._tagged else 0)
             self._wait(resized.work, peer, what, blocking=not idle)
             frame = resized.frame
             nbytes += frame.numel()

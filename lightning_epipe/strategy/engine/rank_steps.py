@@ -106,6 +106,7 @@ class RankSteps:
                 if not runtime.has_pending_backward:
                     raise RuntimeError("manual_backward() needs a pipelined forward in the same training_step")
                 runtime.command(Command.BACKWARD)
+            runtime.prepost_gradients()
             with runtime.timer.measure(runtime.last_stage):
                 loss = backward_on_client(loss)
         runtime.backward()

@@ -142,6 +142,7 @@ class PipelineRuntime:
         self.sample_ids: Optional[list[Tensor]] = None  # [b] dataset indices per micro-batch (delta compression)
         self.num_samples = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
+        self._tensors_per_microbatch: dict[tuple[int, int], int] = {}  # (kind, peer) -> as in its last message
         self._one_f_one_b = False  # the current step runs as 1F1B (backward order ascending)
         self._hooked: dict[int, list[Optional[Tensor]]] = {}  # GPipe: last-stage input gradients autograd produced
         self._hook_handles: list[Any] = []
@@ -251,7 +252,7 @@ class PipelineRuntime:
         """
         grad = torch.is_grad_enabled()
         self._one_f_one_b = False
-        self._prepost_first(Kind.ACTIVATION, 0)
+        self._prepost_phase(Kind.ACTIVATION, range(self.num_microbatches))
         self._send_inputs(microbatches)
         outputs: dict[int, Any] = {}
         for task in rank_tasks(self.stage_ids, self.num_microbatches, "forward"):
@@ -272,6 +273,30 @@ class PipelineRuntime:
             elif kind == Kind.GRADIENT and s < self.last_stage:
                 self.transport.prepost(self.plan.stage_ranks[s + 1], kind, microbatch)
 
+    def _prepost_phase(self, kind: Kind, order: range) -> None:
+        """Post the receives of this phase's ``kind`` messages (``order``: their micro-batches as
+        they come): the first on every stream, and where a stream carries one tensor per
+        micro-batch all the others behind it at once (``Transport.prepost``'s ``behind``, on gloo),
+        so that every message is written as soon as its sender sends it. One tensor: a
+        gradient stream's as the saved outputs say (GPipe's backward), an activation stream's as
+        its last message said (its stage's output structure is the same at every step)."""
+        self._prepost_first(kind, order[0])
+        streams: dict[int, list[Optional[int]]] = {}  # peer -> tensors per micro-batch, in ``order``
+        for s in self.stage_ids:
+            if kind == Kind.ACTIVATION and s > 0:
+                peer = self.plan.stage_ranks[s - 1]
+                counts = [self._tensors_per_microbatch.get((kind, peer))] * len(order)
+            elif kind == Kind.GRADIENT and s < self.last_stage and not self._one_f_one_b:
+                peer = self.plan.stage_ranks[s + 1]
+                counts = [len(self._saved[(s, i)].outputs) if (s, i) in self._saved else None for i in order]
+            else:
+                continue
+            streams[peer] = None if peer in streams else counts  # two stages on one stream: in turn
+        for peer, counts in streams.items():
+            if counts and all(c == 1 for c in counts):
+                for i in order[1:]:
+                    self.transport.prepost(peer, kind, i, behind=True)
+
     def run_1f1b(self, microbatches: Optional[list[Batch]] = None,
                  loss_of: Optional[Callable[[int, Any], Tensor]] = None) -> Optional[list[Any]]:
         """A whole training step under 1F1B: forwards and backwards interleaved.
@@ -282,7 +307,7 @@ class PipelineRuntime:
         """
         order = rank_tasks_1f1b(self.plan.stage_ranks, self.num_microbatches)
         self._one_f_one_b = True
-        self._prepost_first(Kind.ACTIVATION, 0)
+        self._prepost_phase(Kind.ACTIVATION, range(self.num_microbatches))
         self._prepost_first(Kind.GRADIENT, 0)
         self._send_inputs(microbatches)
         outputs: dict[int, Any] = {}
@@ -350,12 +375,18 @@ class PipelineRuntime:
         hooks may already have sent every gradient of the last stage (then only the step's
         hooks and sends remain to be closed)."""
         if self._saved:
-            self._prepost_first(Kind.GRADIENT, self.num_microbatches - 1)
+            self.prepost_gradients()
             for task in rank_tasks(self.stage_ids, self.num_microbatches, "backward"):
                 self._backward_task(task.stage, task.microbatch)
         self._remove_hooks()
         self.timer.settle()
         self.transport.flush()
+
+    def prepost_gradients(self) -> None:
+        """GPipe, once the step's backward is certain to run: post the receives of its gradients
+        (the client before its last stage's backward, whose gradients the servers answer)."""
+        if self._saved and not self._one_f_one_b:
+            self._prepost_phase(Kind.GRADIENT, range(self.num_microbatches - 1, -1, -1))
 
     def _on_last_stage_grads(self, i: int, grads: Any) -> None:
         """Autograd hook (GPipe): micro-batch ``i``'s gradients w.r.t. the last stage's received
@@ -471,6 +502,7 @@ class PipelineRuntime:
             h = got.header
             if j == 0:
                 count, bare = h.count, bool(h.flags & Flag.BARE)
+                self._tensors_per_microbatch[(kind, peer)] = count
             elif h.count != count:
                 raise WireError(f"{self.transport.link(peer, False)}: {what}: message count changed from {count} to {h.count}")
             self._prepost_next(peer, kind, mb, j, count, 1)
