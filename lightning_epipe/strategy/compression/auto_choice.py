@@ -24,8 +24,8 @@ Cost model (what a message adds to a pipelined step):
 
 Why the slowest rank's whole micro-batch: it is exact for 1F1B's steady state, and it also
 hides what a sender measures as transfer time but is the receiver being busy (a send
-completes only once the receiver has posted its receive, which it does one message ahead;
-a slower next stage makes every send look that long, see
+completes only once the receiver has posted its receive, which it does one message ahead
+on NCCL and a phase ahead on gloo; a slower next stage makes every send look that long, see
 :mod:`~lightning_epipe.strategy.comm.linkrate`). Under GPipe, activations cross during the
 forward phase only, so this hides more than GPipe does: a link whose transfers are a little
 longer than the slowest forward but shorter than forward + backward stays uncompressed.
