@@ -191,11 +191,8 @@ def test_a_phase_of_receives_posted_at_once_survives_a_frame_that_grew(rule, pos
 def _gloo_phases(rank: int) -> list[bool]:
     import torch.distributed as dist
 
-    from lightning_epipe.strategy.comm.transport import DIST_BACKEND
-
     group = dist.new_group([0, 1], backend="gloo")
-    end = Transport(rank, torch.device("cpu"), timedelta(seconds=20), backend=DIST_BACKEND,
-                    groups={("activation", 0, 1): group})
+    end = Transport(rank, torch.device("cpu"), timedelta(seconds=20), groups={("activation", 0, 1): group})
     intact = []
     for step in (1, 2):
         if rank == 1:

@@ -263,15 +263,23 @@ class PipelineRuntime:
         self.transport.flush()
         return self._outputs(outputs)
 
-    def _prepost_first(self, kind: Kind, microbatch: int) -> None:
-        """Post the first receive of every stream this rank reads ``kind`` messages from."""
+    def _sources(self, kind: Kind) -> list[tuple[int, int, Kind]]:
+        """``(stage, peer, stream kind)`` of every stream this rank reads ``kind`` messages from
+        (the first stage away from the client reads its activations' inputs as ``INPUT``)."""
+        sources = []
         for s in self.stage_ids:
             if kind == Kind.ACTIVATION and s > 0:
-                self.transport.prepost(self.plan.stage_ranks[s - 1], kind, microbatch)
-            elif kind == Kind.ACTIVATION and self.rank != 0:  # the first stage, away from the client
-                self.transport.prepost(0, Kind.INPUT, microbatch)
+                sources.append((s, self.plan.stage_ranks[s - 1], kind))
+            elif kind == Kind.ACTIVATION and self.rank != 0:
+                sources.append((s, 0, Kind.INPUT))
             elif kind == Kind.GRADIENT and s < self.last_stage:
-                self.transport.prepost(self.plan.stage_ranks[s + 1], kind, microbatch)
+                sources.append((s, self.plan.stage_ranks[s + 1], kind))
+        return sources
+
+    def _prepost_first(self, kind: Kind, microbatch: int) -> None:
+        """Post the first receive of every stream this rank reads ``kind`` messages from."""
+        for _, peer, stream_kind in self._sources(kind):
+            self.transport.prepost(peer, stream_kind, microbatch)
 
     def _prepost_phase(self, kind: Kind, order: range) -> None:
         """Post the receives of this phase's ``kind`` messages (``order``: their micro-batches as
@@ -281,19 +289,17 @@ class PipelineRuntime:
         gradient stream's as the saved outputs say (GPipe's backward), an activation stream's as
         its last message said (its stage's output structure is the same at every step)."""
         self._prepost_first(kind, order[0])
-        streams: dict[int, list[Optional[int]]] = {}  # peer -> tensors per micro-batch, in ``order``
-        for s in self.stage_ids:
-            if kind == Kind.ACTIVATION and s > 0:
-                peer = self.plan.stage_ranks[s - 1]
-                counts = [self._tensors_per_microbatch.get((kind, peer))] * len(order)
-            elif kind == Kind.GRADIENT and s < self.last_stage and not self._one_f_one_b:
-                peer = self.plan.stage_ranks[s + 1]
-                counts = [len(self._saved[(s, i)].outputs) if (s, i) in self._saved else None for i in order]
+        one_each: dict[int, bool] = {}  # peer -> its stream carries one tensor per micro-batch
+        for s, peer, stream_kind in self._sources(kind):
+            if stream_kind == Kind.ACTIVATION:
+                one = self._tensors_per_microbatch.get((kind, peer)) == 1
+            elif stream_kind == Kind.GRADIENT and not self._one_f_one_b:
+                one = all((s, i) in self._saved and len(self._saved[(s, i)].outputs) == 1 for i in order)
             else:
                 continue
-            streams[peer] = None if peer in streams else counts  # two stages on one stream: in turn
-        for peer, counts in streams.items():
-            if counts and all(c == 1 for c in counts):
+            one_each[peer] = one and peer not in one_each  # two stages on one stream: in turn
+        for peer, one in one_each.items():
+            if one:
                 for i in order[1:]:
                     self.transport.prepost(peer, kind, i, behind=True)
 
