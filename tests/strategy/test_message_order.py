@@ -10,6 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lightning_epipe.strategy.comm.transport import Transport
+from lightning_epipe.strategy.comm.wire import Kind
+
 from tests.strategy.threaded import reference, run_threaded
 
 LAYOUTS = [(p, k) for p in ("client-server", "chain") for k in (2, 3, 4)]
@@ -82,3 +85,31 @@ def test_one_stream_per_pair_would_stall():
     micro-batch 2's activation while rank 1 sends micro-batch 0's output back."""
     with pytest.raises(RuntimeError, match="Timed out|Connection reset"):
         run_threaded("client-server", 2, "gpipe", 4, rule="nccl", shared_streams=True, timeout=1.0)
+
+
+@pytest.mark.parametrize(("placement", "size"), [("client-server", 2), ("chain", 3)])
+def test_under_gloo_1f1b_posts_each_gradient_receive_once_its_forward_ran(monkeypatch, placement, size):
+    """Under 1F1B a micro-batch's gradient receive is posted right after its forward, behind the
+    earlier ones (gloo), not when the rank reaches the gradient before it: on the first stage's
+    rank, micro-batch i's gradient receive is posted before it waits for i - 1's."""
+    events: list[tuple[int, str, int]] = []
+    post, recv = Transport._post_recv, Transport.recv
+
+    def spy_post(self, name, group, device, peer, key, tag=0):
+        if key[0] == Kind.GRADIENT:
+            events.append((self.rank, "post", key[1]))
+        return post(self, name, group, device, peer, key, tag)
+
+    def spy_recv(self, peer, what, idle=False, **expect):
+        if expect["kind"] == Kind.GRADIENT:
+            events.append((self.rank, "wait", expect["microbatch"]))
+        return recv(self, peer, what, idle, **expect)
+
+    monkeypatch.setattr(Transport, "_post_recv", spy_post)
+    monkeypatch.setattr(Transport, "recv", spy_recv)
+    chunks = 4
+    trained, _, plan, batches = run_threaded(placement, size, "1f1b", chunks, steps=1, rule="gloo")
+    _check_weights(trained, plan, batches, 1)
+    mine = [(op, mb) for rank, op, mb in events if rank == plan.stage_ranks[0]]
+    for i in range(1, chunks):
+        assert mine.index(("post", i)) < mine.index(("wait", i - 1)), mine

@@ -303,6 +303,17 @@ class PipelineRuntime:
                 for i in order[1:]:
                     self.transport.prepost(peer, kind, i, behind=True)
 
+    def _prepost_gradients_of(self, s: int, i: int, count: int) -> None:
+        """1F1B: post the receives of micro-batch ``i``'s ``count`` gradients into stage ``s`` once
+        its forward has said how many there are, behind those already posted (gloo). Its
+        stream carries them in this rank's forward order, unless another stage of this rank
+        reads gradients from the same peer (their order is then the peer's backward order)."""
+        peer = self.plan.stage_ranks[s + 1]
+        if sum(self.plan.stage_ranks[t + 1] == peer for t in self.stage_ids if t < self.last_stage) > 1:
+            return
+        for j in range(count):
+            self.transport.prepost(peer, Kind.GRADIENT, i, j, behind=True)
+
     def run_1f1b(self, microbatches: Optional[list[Batch]] = None,
                  loss_of: Optional[Callable[[int, Any], Tensor]] = None) -> Optional[list[Any]]:
         """A whole training step under 1F1B: forwards and backwards interleaved.
@@ -372,7 +383,9 @@ class PipelineRuntime:
         ys, bare = flatten(y)
         self._send(Kind.ACTIVATION, self.plan.stage_ranks[s + 1], s, i, ys, bare)
         if grad:
-            self._saved[(s, i)] = _Saved(leaves, [t for t in ys if t.requires_grad and t.is_floating_point()])
+            saved = self._saved[(s, i)] = _Saved(leaves, [t for t in ys if t.requires_grad and t.is_floating_point()])
+            if self._one_f_one_b:
+                self._prepost_gradients_of(s, i, len(saved.outputs))
 
     # ------------------------------------------------------------------ backward
 
