@@ -175,7 +175,7 @@ class HadamardQuant(Compressor):
             levels, scales = raw[_META:at].view("<f4"), sigma.numpy()
             valid = bool(np.isfinite(levels).all() and (scales >= 0).all() and (scales <= 1).all())
             codes = unpack_host(raw[at + 2 * rows:], bits, rows * n)
-            z = torch.from_numpy(levels[codes].reshape(rows, n) * scales[:, None])
+            z = torch.from_numpy(np.take(levels, codes, mode="clip").reshape(rows, n) * scales[:, None])
         else:
             levels = bytes_as(payload[_META:at], torch.float32)
             valid = bool(torch.isfinite(levels).all() and (sigma >= 0).all() and (sigma <= 1).all())

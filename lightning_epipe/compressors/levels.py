@@ -250,7 +250,9 @@ def lookup(levels: Levels, numel: int, dtype: torch.dtype, shape: Sequence[int] 
         packed = levels.codes.numpy()
         codes = packed[:numel] if levels.bits == 8 else unpack_host(packed, levels.bits, numel)
         if dtype in (torch.float32, torch.float64):  # rounded by numpy, as cast_levels does
-            out = (table.astype(np.float32) if dtype == torch.float32 else table)[codes]
+            # take, not table[codes]: a uint8 index is then not converted first (~3.5x faster);
+            # every code is below the table's 2**bits entries
+            out = np.take(table.astype(np.float32) if dtype == torch.float32 else table, codes, mode="clip")
             return torch.from_numpy(out if shape is None else out.reshape(shape))
         out = torch.index_select(cast_levels(table, dtype), 0, torch.from_numpy(codes.astype(np.int64)))
         return out if shape is None else out.reshape(shape)

@@ -540,8 +540,9 @@ def nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:
         cuts32 = cuts.astype(np.float32)
         cuts = np.where(cuts32 > cuts, np.nextafter(cuts32, np.float32(-np.inf)), cuts32)
     codes = np.zeros(x.size, dtype=np.uint8)
+    above = np.empty(x.size, dtype=bool)  # one buffer for every compare
     for cut in cuts:  # 15 branch-free compares beat a binary search per element, from a few thousand
-        codes += x > cut
+        codes += np.greater(x, cut, out=above).view(np.uint8)
     return codes
 
 

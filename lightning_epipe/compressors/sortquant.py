@@ -304,8 +304,9 @@ def _host_bucket_codes(v: np.ndarray, bucket: np.ndarray, lo32: np.ndarray, step
     """Codes of values ``v`` [n] in buckets ``bucket`` [n] int32: ``clamp(rint((v - lo) / step))
     + bucket * 2**Q`` in float32, as the torch path computes them -> [n] int32.
     offsets: ``bucket << Q`` [n] int32, where the caller has it."""
-    q = np.subtract(v, np.take(lo32, bucket), dtype=np.float32)
-    q /= np.take(step32, bucket)
+    index = bucket.astype(np.intp)  # np.take converts any other index type on each call
+    q = np.subtract(v, np.take(lo32, index, mode="clip"), dtype=np.float32)  # in range: no bounds checks
+    q /= np.take(step32, index, mode="clip")
     np.rint(q, out=q)
     np.maximum(q, 0, out=q)  # NaN stays NaN, as with clip
     np.minimum(q, (1 << q_bits) - 1, out=q)
@@ -375,8 +376,11 @@ def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: tuple[int, ...]) ->
         of_rank = _bucket_of_rank_host(x.size, len(starts) - 1)
         for t in dict.fromkeys(thresholds[crossing].tolist()):
             at = np.flatnonzero(x == t)
-            first = int(np.searchsorted(values, t))
-            bucket[at] = of_rank[first:first + at.size]
+            first = int(np.searchsorted(values, values.dtype.type(t)))  # t is one of values: exact
+            # the compares gave the run the bucket of its last rank: only ranks before that
+            # bucket's start move down
+            lower = max(starts[of_rank[first + at.size - 1]] - first, 0)
+            bucket[at[:lower]] = of_rank[first:first + lower]
     return bucket
 
 

@@ -27,10 +27,10 @@ def _run_fault(kind: str, *extra: str, rank: int = 2, step: int = 2, tmp_path=No
 def test_killed_server_fails_the_client_fast(tmp_path):
     code, out = _run_fault("kill", tmp_path=tmp_path, script=ROOT / "tests" / "strategy" / "killed_peer.py")
     assert code != 0
-    assert "PeerError" in out and "rank 2" in out, out[-3000:]
+    assert "PeerError" in out and "rank 2 closed the connection" in out, out[-3000:]  # the dead socket, not the timeout
     killed = float(re.search(r"killed at ([0-9.]+)", out).group(1))
     detected = float(re.search(r"PeerError at ([0-9.]+)", out).group(1))
-    assert 0 < detected - killed < TIMEOUT / 4, (detected - killed, out[-3000:])  # the dead socket, not the timeout
+    assert 0 < detected - killed < TIMEOUT, (detected - killed, out[-3000:])
 
 
 @pytest.mark.slow
