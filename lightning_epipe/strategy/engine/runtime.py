@@ -309,7 +309,7 @@ class PipelineRuntime:
         stream carries them in this rank's forward order, unless another stage of this rank
         reads gradients from the same peer (their order is then the peer's backward order)."""
         peer = self.plan.stage_ranks[s + 1]
-        if sum(self.plan.stage_ranks[t + 1] == peer for t in self.stage_ids if t < self.last_stage) > 1:
+        if [source for _, source, _ in self._sources(Kind.GRADIENT)].count(peer) > 1:
             return
         for j in range(count):
             self.transport.prepost(peer, Kind.GRADIENT, i, j, behind=True)
