@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import Kind
 
-from tests.strategy.threaded import reference, run_threaded
+from tests.strategy.threaded import make_layers, reference, run_threaded
 
 LAYOUTS = [(p, k) for p in ("client-server", "chain") for k in (2, 3, 4)]
 
 
-def _check_weights(trained, plan, batches, replicas):
-    expected = reference(batches)
+def _check_weights(trained, plan, batches, replicas, make=make_layers):
+    expected = reference(batches, make)
     size = plan.num_ranks
     for rank, layers in trained.items():
         for i in plan.layers_of(rank % size):
@@ -113,3 +114,33 @@ def test_under_gloo_1f1b_posts_each_gradient_receive_once_its_forward_ran(monkey
     mine = [(op, mb) for rank, op, mb in events if rank == plan.stage_ranks[0]]
     for i in range(1, chunks):
         assert mine.index(("post", i)) < mine.index(("wait", i - 1)), mine
+
+
+class _Fork(nn.Module):
+    """[b, 32] -> ([b, 32], [b, 32]): two tensors that need gradients cross the cut after it."""
+
+    def forward(self, x):
+        return x, torch.tanh(x)
+
+
+class _Join(nn.Module):
+    def forward(self, pair):
+        a, b = pair
+        return a * b
+
+
+def _forked_layers() -> nn.Sequential:
+    torch.manual_seed(1234)
+    return nn.Sequential(nn.Linear(16, 32), nn.Tanh(), _Fork(), _Join(), nn.Linear(32, 4))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("rule", ["nccl", "gloo"])
+@pytest.mark.parametrize(("placement", "balance"), [("chain", [3, 2]), ("client-server", [3, 1, 1])])
+def test_a_cut_of_two_tensors_drains_and_equals_one_process(placement, balance, rule, schedule):
+    """Two gradients a micro-batch come back across the cut after ``_Fork`` (under 1F1B on gloo
+    both are posted as soon as the micro-batch's forward has run), also with a small last batch."""
+    for chunks, rows in ((1, 16), (3, 16), (4, 13)):
+        trained, _, plan, batches = run_threaded(placement, 2, schedule, chunks, rule=rule, rows=rows,
+                                                 make=_forked_layers, balance=balance)
+        _check_weights(trained, plan, batches, 1, _forked_layers)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+from typing import Callable, Optional
 from datetime import timedelta
 
 import torch
@@ -46,9 +47,9 @@ def make_batches(steps: int, rows: int, seed: int = 0) -> list[tuple[torch.Tenso
     return [(torch.randn(rows, 16, generator=g), torch.randint(0, 4, (rows,), generator=g)) for _ in range(steps)]
 
 
-def reference(batches) -> nn.Sequential:
+def reference(batches, make: Callable[[], nn.Sequential] = make_layers) -> nn.Sequential:
     """The same SGD steps in one process, without a pipeline."""
-    layers = make_layers()
+    layers = make()
     for x, y in batches:
         layers.zero_grad()
         F.cross_entropy(layers(x), y).backward()
@@ -110,15 +111,17 @@ def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int, open_ends: 
 
 
 def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas: int = 1, rule: str = "nccl",
-                 shared_streams: bool = False, steps: int = 2, rows: int = 16, timeout: float = 20.0):
+                 shared_streams: bool = False, steps: int = 2, rows: int = 16, timeout: float = 20.0,
+                 make: Callable[[], nn.Sequential] = make_layers, balance: Optional[list[int]] = None):
     """Train ``steps`` SGD steps on ``replicas`` pipelines of ``size`` ranks (each replica on the
-    same batches); returns ``(weights, fabric, plan, batches)``: every stage's trained Sequential per
-    global rank; ``fabric.open_ends[rank]`` holds the rank's sends still unflushed after each step."""
+    same batches) of the layers ``make()`` builds, split by ``balance`` (default: by parameters);
+    returns ``(weights, fabric, plan, batches)``: every stage's trained Sequential per global rank;
+    ``fabric.open_ends[rank]`` holds the rank's sends still unflushed after each step."""
     layout = ReplicaLayout(size * replicas, replicas)
     fabric = MemoryFabric(layout.world_size, rule, shared_streams)
     batches = make_batches(steps, rows)
-    base = make_layers()  # seeded here: threads sharing the global generator would race
-    plan = plan_pipeline(len(base), size, balance_by_parameters(base, size, placement), placement)
+    base = make()  # seeded here: threads sharing the global generator would race
+    plan = plan_pipeline(len(base), size, balance or balance_by_parameters(base, size, placement), placement)
     trained: dict[int, nn.Sequential] = {}
     errors: dict[int, BaseException] = {}
     fabric.open_ends = {rank: [] for rank in range(layout.world_size)}
