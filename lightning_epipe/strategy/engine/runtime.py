@@ -151,6 +151,10 @@ class PipelineRuntime:
         self._input_layout: Optional[dict] = None  # ... and as last received
         self.whole_input_bytes = WHOLE_INPUT_BYTES
         self._whole_inputs: Optional[list[Batch]] = None  # first stage: this step's micro-batches of a whole-batch input
+        # (stream kind, peer) of the streams only one of this rank's stages reads: their
+        # messages come in that stage's order, so a phase's receives may be posted at once
+        read = [(k, peer) for kind in (Kind.ACTIVATION, Kind.GRADIENT) for _, peer, k in self._sources(kind)]
+        self._one_reader = {stream for stream in read if read.count(stream) == 1}
 
     def _stage_module(self, s: int, layers: nn.Sequential, pairs: dict[int, BottleneckPair]) -> nn.Sequential:
         """Stage ``s``'s layers, after the decoder of the cut before it and before the encoder of the cut after it."""
@@ -284,21 +288,20 @@ class PipelineRuntime:
     def _prepost_phase(self, kind: Kind, order: range) -> None:
         """Post the receives of this phase's ``kind`` messages (``order``: their micro-batches as
         they come): the first on every stream, and where a stream carries one tensor per
-        micro-batch all the others behind it at once (``Transport.prepost``'s ``behind``, on gloo),
+        micro-batch to one stage of this rank all the others behind it at once (``Transport.prepost``'s ``behind``, on gloo),
         so that every message is written as soon as its sender sends it. One tensor: a
         gradient stream's as the saved outputs say (GPipe's backward), an activation stream's as
         its last message said (its stage's output structure is the same at every step)."""
         self._prepost_first(kind, order[0])
-        one_each: dict[int, bool] = {}  # peer -> its stream carries one tensor per micro-batch
         for s, peer, stream_kind in self._sources(kind):
+            if (stream_kind, peer) not in self._one_reader:
+                continue  # two stages on one stream: their messages come in turn
             if stream_kind == Kind.ACTIVATION:
                 one = self._tensors_per_microbatch.get((kind, peer)) == 1
             elif stream_kind == Kind.GRADIENT and not self._one_f_one_b:
                 one = all((s, i) in self._saved and len(self._saved[(s, i)].outputs) == 1 for i in order)
             else:
                 continue
-            one_each[peer] = one and peer not in one_each  # two stages on one stream: in turn
-        for peer, one in one_each.items():
             if one:
                 for i in order[1:]:
                     self.transport.prepost(peer, kind, i, behind=True)
@@ -309,7 +312,7 @@ class PipelineRuntime:
         stream carries them in this rank's forward order, unless another stage of this rank
         reads gradients from the same peer (their order is then the peer's backward order)."""
         peer = self.plan.stage_ranks[s + 1]
-        if [source for _, source, _ in self._sources(Kind.GRADIENT)].count(peer) > 1:
+        if (Kind.GRADIENT, peer) not in self._one_reader:
             return
         for j in range(count):
             self.transport.prepost(peer, Kind.GRADIENT, i, j, behind=True)
