@@ -14,9 +14,9 @@ batch (50 messages), so that the machine's drift, which moves separate processes
 +-20% here, falls on both; each takes its best batch of ``--batches``. Every codec and tensor
 runs in ``--rounds`` processes: median and spread over them. One torch thread.
 
-    python benchmarks/message_cost.py --baseline REV
+    python benchmarks/message_cost.py --baseline REV [--out NAME.json]
 
-Writes ``results/message_cost.{json,png}``.
+Writes ``results/message_cost.{json,png}`` (``--out``: another name).
 """
 
 from __future__ import annotations
@@ -173,6 +173,7 @@ def main() -> None:
     p.add_argument("--baseline", metavar="REV", help="the revision to compare with, in the same processes")
     p.add_argument("--rounds", type=int, default=3, help="processes per codec and tensor")
     p.add_argument("--batches", type=int, default=60, help="batches of 50 messages per revision and process")
+    p.add_argument("--out", default="message_cost.json", help="file name under benchmarks/results (the plot: .png)")
     p.add_argument("--worker", nargs=2, metavar=("CODEC", "ROWSxWIDTH"), help=argparse.SUPPRESS)
     p.add_argument("--with-before", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -216,7 +217,7 @@ def main() -> None:
     results["table"] = markdown_table(header, rows)
     print(f"{load_before} before, {results['load_after']} after\n")
     print(results["table"])
-    write_json("message_cost.json", results)
+    write_json(args.out, results)
 
     fig, ax = axes()
     keys = list(results["runs"])
@@ -224,7 +225,7 @@ def main() -> None:
         totals = [statistics.median(s[label]["send_us"] + s[label]["recv_us"] for s in results["runs"][k]) for k in keys]
         ax.barh([i + 0.4 * offset for i in range(len(keys))], totals, height=0.4, label=label)
     ax.set_yticks([i + 0.2 for i in range(len(keys))], keys, fontsize=7)
-    finish(fig, ax, "message_cost.png", "microseconds per message, send + receive (median over processes)", "",
+    finish(fig, ax, str(Path(args.out).with_suffix(".png")), "microseconds per message, send + receive (median over processes)", "",
            "One message through the engine, no network")
 
 if __name__ == "__main__":

@@ -185,6 +185,5 @@ class Packet:
         """A packet of fields :meth:`from_bytes` has checked (the payload: a slice of a 1-D
         contiguous buffer), without checking them again: once per message received."""
         packet = object.__new__(cls)
-        for name, value in (("codec", codec), ("dtype", dtype), ("shape", shape), ("payload", payload), ("owned", owned)):
-            object.__setattr__(packet, name, value)
+        packet.__dict__.update(codec=codec, dtype=dtype, shape=shape, payload=payload, owned=owned)  # frozen: not setattr
         return packet

@@ -210,9 +210,7 @@ class InjectFault(L.Callback):
 
             def send(tr, peer, header, payload=None, **kwargs):
                 if trainer.global_step == self.step and payload is not None and payload.numel() > 64:
-                    import dataclasses
-
-                    header = dataclasses.replace(header, microbatch=header.microbatch + 1)
+                    header = header._replace(microbatch=header.microbatch + 1)
                 return original(tr, peer, header, payload, **kwargs)
 
             transport.Transport.send = send

@@ -1,6 +1,7 @@
 """The chain placement's raw inputs on the in-memory fabric: their layout (tensor, tuple, dict)
 travels in a leading message only when it changes, small batches travel whole (split on the
-first stage) and larger ones micro-batch by micro-batch, and every structure arrives intact."""
+first stage) and larger ones as micro-batch 0 and then growing groups of micro-batches, and
+every structure arrives intact."""
 
 from __future__ import annotations
 
@@ -45,11 +46,9 @@ STREAMED = 3 + 2 + 5 + 4 + 5
 WHOLE = 2 + 1 + 3 + 2 + 3
 
 
-@pytest.mark.parametrize("whole_input_bytes, messages", [(0, STREAMED), (None, WHOLE)], ids=["streamed", "whole-batch"])
-def test_input_layouts_change_between_steps_and_arrive_intact(whole_input_bytes, messages):
-    g = torch.Generator().manual_seed(1)
-    a, b = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
-    batches = [a, b, (a, b), (b, a), {"x": a, "y": b}]
+def run_chain(batches: list, chunks: int, input_group_bytes: int | None) -> tuple[list, dict]:
+    """Evaluate ``batches`` through a 2-process chain on the in-memory fabric (stage 0 on rank 1,
+    fed the raw inputs by rank 0); the outputs, and the runtimes."""
     plan = plan_pipeline(3, 2, [2, 1], "chain")  # stage 0 (with the inputs) on rank 1, the last stage on rank 0
     fabric = MemoryFabric(2, "nccl")
     groups = {(s.name, s.src, s.dst): str(s) for s in pipeline_streams("chain", 2)}
@@ -59,14 +58,14 @@ def test_input_layouts_change_between_steps_and_arrive_intact(whole_input_bytes,
                               backend=fabric.backend(rank))
         codecs = CodecBook(resolve_specs("none", {}, plan.num_cuts, "a"), resolve_specs("none", {}, plan.num_cuts, "g"))
         runtimes[rank] = PipelineRuntime(plan, rank, make_layers(), transport, codecs, PipelineStats())
-        if whole_input_bytes is not None:
-            runtimes[rank].whole_input_bytes = whole_input_bytes
+        if input_group_bytes is not None:
+            runtimes[rank].input_group_bytes = input_group_bytes
 
     def client():
         runtime = runtimes[0]
         with torch.no_grad():
             for batch in batches:
-                microbatches = scatter(batch, 2)
+                microbatches = scatter(batch, chunks)
                 runtime.begin_step(len(microbatches))
                 runtime.command(Command.FORWARD, len(microbatches))
                 outputs.append(torch.cat(runtime.forward(microbatches)))
@@ -95,5 +94,30 @@ def test_input_layouts_change_between_steps_and_arrive_intact(whole_input_bytes,
     with torch.no_grad():
         for batch, got in zip(batches, outputs):
             torch.testing.assert_close(got, reference(batch))
-    assert runtimes[0].stats.link(LinkKey("send", 1, "input")).messages == messages
-    assert runtimes[1].stats.link(LinkKey("recv", 0, "input")).messages == messages
+    return outputs, runtimes
+
+
+def input_messages(runtimes: dict) -> tuple[int, int]:
+    """Input messages the client sent and the first stage received."""
+    return (runtimes[0].stats.link(LinkKey("send", 1, "input")).messages,
+            runtimes[1].stats.link(LinkKey("recv", 0, "input")).messages)
+
+
+@pytest.mark.parametrize("input_group_bytes, messages", [(0, STREAMED), (None, WHOLE)], ids=["streamed", "whole-batch"])
+def test_input_layouts_change_between_steps_and_arrive_intact(input_group_bytes, messages):
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+    _, runtimes = run_chain([a, b, (a, b), (b, a), {"x": a, "y": b}], 2, input_group_bytes)
+    assert input_messages(runtimes) == (messages, messages)
+
+
+def test_inputs_cross_in_growing_groups_split_back_into_their_microbatches():
+    """A batch larger than ``input_group_bytes`` crosses as micro-batch 0, micro-batch 1, then
+    micro-batches 2-3 in one message per tensor (``input_groups``); the first stage splits the
+    group back into the client's micro-batches, also where they differ by a row (7 rows in 4)."""
+    g = torch.Generator().manual_seed(2)
+    full = (torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g))  # 64 bytes a micro-batch of 2 rows
+    short = (torch.randn(7, 4, generator=g), torch.randn(7, 4, generator=g))  # micro-batches of 2, 2, 2, 1 rows
+    _, runtimes = run_chain([full, short, full], 4, 128)
+    # the layout leads once; then three groups of two tensors a step
+    assert input_messages(runtimes) == (1 + 3 * 2 * 3, 1 + 3 * 2 * 3)

@@ -150,6 +150,8 @@ DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv, completes_unwait
 #: stream's own FIFO (tag 0) then only ever holds frames of the sizes both ends expect.
 RESIZED_TAG = 1
 
+_RESIZE = int(Flag.RESIZE)  # a plain int: ``flags & Flag.RESIZE`` would go through the enum's Python code
+
 
 @dataclass
 class _Posted:
@@ -244,16 +246,29 @@ class Transport:
         self.rates: dict[int, TransferWindow] = {}  # peer -> the latest data transfers to it
         self.arrivals: dict[tuple[str, int], Arrivals] = {}  # (stream, peer) -> data frames received, how many in time
         self.rate_window_bytes = WINDOW_BYTES  # how much of them each window keeps
+        self._links: dict[tuple[int, bool], str] = {}  # (peer, outgoing) -> :meth:`link`
+        self._routes: dict[tuple[int, int, int], tuple[str, Any, torch.device]] = {}  # (kind, src, dst) -> :meth:`_route`
 
     def link(self, peer: int, outgoing: bool) -> str:
-        me, other = self.offset + self.rank, self.offset + peer
-        return f"link rank {me} -> rank {other}" if outgoing else f"link rank {other} -> rank {me}"
+        """How errors name the link to or from ``peer`` (global ranks)."""
+        name = self._links.get((peer, outgoing))
+        if name is None:
+            me, other = self.offset + self.rank, self.offset + peer
+            name = f"link rank {me} -> rank {other}" if outgoing else f"link rank {other} -> rank {me}"
+            self._links[(peer, outgoing)] = name
+        return name
 
     def _route(self, kind: int, src: int, dst: int) -> tuple[str, Any, torch.device]:
-        name = stream_name(kind)
-        if name == CONTROL:
-            return name, self.control_group, self.control_device
-        return name, self.groups.get((name, src, dst)), self.wire_device
+        """(stream name, process group, device of its frames) of ``kind``'s messages from ``src`` to ``dst``."""
+        route = self._routes.get((kind, src, dst))
+        if route is None:
+            name = stream_name(kind)
+            if name == CONTROL:
+                route = (name, self.control_group, self.control_device)
+            else:
+                route = (name, self.groups.get((name, src, dst)), self.wire_device)
+            self._routes[(kind, src, dst)] = route
+        return route
 
     # ------------------------------------------------------------------ sending
 
@@ -424,12 +439,15 @@ class Transport:
         waited = self._wait(posted.work, peer, what, blocking=not idle)
         if name != CONTROL:  # gloo tells only once waited on: a wait on the host that returns at once
             ready = landed or (device.type == "cpu" and waited < ARRIVED_S)
-            self.arrivals.setdefault((name, peer), Arrivals()).add(ready)
+            arrivals = self.arrivals.get((name, peer))
+            if arrivals is None:
+                arrivals = self.arrivals[(name, peer)] = Arrivals()
+            arrivals.add(ready)
         self._poll_sends()
         header = Header.read(posted.frame, link)
         header.expect(link, **expect)
         frame, nbytes = posted.frame, posted.frame.numel()
-        if header.flags & Flag.RESIZE:
+        if header.flags & _RESIZE:
             self._frame_sizes[(name, peer, self.rank, key)] = HEADER_NBYTES + header.payload_nbytes
             resized = self._post_recv(name, group, device, peer, key, RESIZED_TAG if self._tagged else 0)
             self._wait(resized.work, peer, what, blocking=not idle)

@@ -13,7 +13,7 @@ from typing import Any, Union
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "tensors_of", "batch_size", "scatter", "join", "gather", "flatten", "unflatten"]
+__all__ = ["Batch", "tensors_of", "batch_size", "scatter", "join", "gather", "flatten", "unflatten", "input_groups"]
 
 Batch = Union[Tensor, tuple, list, dict]
 
@@ -67,6 +67,39 @@ def join(microbatches: list[Batch]) -> Batch:
     if isinstance(first, dict):
         return {k: torch.cat([mb[k] for mb in microbatches]) for k in first}
     return type(first)(torch.cat([mb[i] for mb in microbatches]) for i in range(len(first)))
+
+
+def input_groups(sizes: list[int], limit: int) -> list[range]:
+    """Which micro-batches cross together, as one message per tensor, where ``sizes`` are their
+    bytes: all of them when they add up to at most ``limit``; else micro-batch 0 alone (the
+    receiver starts on it), then groups of 1, 2, 4, ... micro-batches (each group's transfer
+    overlaps the compute of as many micro-batches before it), none over ``limit`` bytes unless
+    one micro-batch alone is. The receiver splits a group with :func:`scatter`, which gives
+    back the micro-batches it was joined from (their sizes differ by at most one row, the larger
+    first).
+
+        >>> input_groups([64] * 8, 512)
+        [range(0, 8)]
+        >>> input_groups([64] * 8, 256)
+        [range(0, 1), range(1, 2), range(2, 4), range(4, 8)]
+        >>> input_groups([128] * 8, 256)
+        [range(0, 1), range(1, 2), range(2, 4), range(4, 6), range(6, 8)]
+        >>> input_groups([512] * 3, 256)
+        [range(0, 1), range(1, 2), range(2, 3)]
+    """
+    if sum(sizes) <= limit:
+        return [range(len(sizes))]
+    groups: list[range] = []
+    start = 0
+    while start < len(sizes):
+        want = 2 ** (len(groups) - 1) if groups else 1
+        end, nbytes = start + 1, sizes[start]
+        while end < len(sizes) and end - start < want and nbytes + sizes[end] <= limit:
+            nbytes += sizes[end]
+            end += 1
+        groups.append(range(start, end))
+        start = end
+    return groups
 
 
 def gather(outputs: list[Any]) -> Any:

@@ -19,12 +19,11 @@ What keeps the pipeline full:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.utils.checkpoint
@@ -33,7 +32,7 @@ from torch import Tensor, nn
 from lightning_epipe.compressors import BottleneckPair, Compressor, NonFiniteError, Packet, PacketError
 from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.compression.codec_book import CodecBook
-from lightning_epipe.strategy.engine.microbatch import Batch, flatten, join, scatter, tensors_of, unflatten
+from lightning_epipe.strategy.engine.microbatch import Batch, flatten, input_groups, join, scatter, tensors_of, unflatten
 from lightning_epipe.strategy.planning.partition import PipelinePlan
 from lightning_epipe.strategy.engine.schedule import rank_tasks, rank_tasks_1f1b, recomputes
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
@@ -41,13 +40,15 @@ from lightning_epipe.strategy.engine.timing import ComputeTimer
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command, Direction, Flag, Header, Kind, StepFlag, WireError
 
-__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "WHOLE_INPUT_BYTES"]
+__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GROUP_BYTES"]
 
-# Raw inputs of a batch up to this size (token ids, small features) cross to the first stage as one
-# message per tensor for the whole batch, split there: a step sends 1 message per tensor instead of
-# one per micro-batch, whose fixed cost is most of a small transfer. Larger inputs go micro-batch by
-# micro-batch, so the first stage starts once the first one has arrived.
-WHOLE_INPUT_BYTES = 256 * 1024
+# Raw inputs (chain placement) cross to the first stage in few messages (``microbatch.input_groups``):
+# a batch of at most this many bytes (token ids, small features) as one message per tensor, split
+# there; a larger one with micro-batch 0 alone and then groups of 1, 2, 4, ... micro-batches of at
+# most this size each, so that the first stage starts after one micro-batch's transfer and every
+# message's fixed cost (a gloo rendezvous, the frame, Python on both ends) is paid a few times a
+# step instead of once per micro-batch.
+INPUT_GROUP_BYTES = 256 * 1024
 
 def _finite(t: Tensor) -> bool:
     """Whether ``t`` holds no NaN/Inf: one read for the sum (non-finite whenever ``t`` is), an
@@ -58,11 +59,18 @@ def _finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
-def _no_autocast(device_type: str) -> ContextManager[Any]:
-    """Autocast off for a codec's work; no context where it is already off (two per message)."""
+def _without_autocast(device_type: str, work: Callable[[Any], Any], arg: Any) -> Any:
+    """``work(arg)`` with autocast off (a codec's work, in the tensor's own dtype); no context
+    where it is already off (twice per message)."""
     if torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
+        with torch.autocast(device_type, enabled=False):
+            return work(arg)
+    return work(arg)
+
+
+# Header flags as plain ints: ``flags & Flag.BARE`` on an int would run the enum's Python code
+# for every message.
+_BARE, _REQUIRES_GRAD = int(Flag.BARE), int(Flag.REQUIRES_GRAD)
 
 
 def _detach(y: Any) -> Any:
@@ -149,8 +157,8 @@ class PipelineRuntime:
         self._next_hooked = -1  # GPipe: the next micro-batch whose last-stage gradients go upstream
         self._input_layout_sent: Optional[dict] = None  # chain placement: the raw inputs' structure, as last sent
         self._input_layout: Optional[dict] = None  # ... and as last received
-        self.whole_input_bytes = WHOLE_INPUT_BYTES
-        self._whole_inputs: Optional[list[Batch]] = None  # first stage: this step's micro-batches of a whole-batch input
+        self.input_group_bytes = INPUT_GROUP_BYTES
+        self._grouped_inputs: dict[int, Batch] = {}  # first stage: micro-batches that came in an earlier one's message
         # (stream kind, peer) of the streams only one of this rank's stages reads: their
         # messages come in that stage's order, so a phase's receives may be posted at once
         read = [(k, peer) for kind in (Kind.ACTIVATION, Kind.GRADIENT) for _, peer, k in self._sources(kind)]
@@ -244,7 +252,7 @@ class PipelineRuntime:
         self.microbatches_run += num_microbatches
         self.sample_ids, self.num_samples = sample_ids, num_samples
         self.nonfinite_seen = False
-        self._whole_inputs = None
+        self._grouped_inputs.clear()
 
     def forward(self, microbatches: Optional[list[Batch]] = None) -> Optional[list[Any]]:
         """Run this rank's forward tasks for the current step (GPipe: backward comes later).
@@ -345,16 +353,14 @@ class PipelineRuntime:
         return self._outputs(outputs)
 
     def _send_inputs(self, microbatches: Optional[list[Batch]]) -> None:
-        """Chain placement: the client sends the raw inputs to the first stage, the whole batch at
-        once when it is small (``whole_input_bytes``), else micro-batch by micro-batch."""
+        """Chain placement: the client sends the raw inputs to the first stage, micro-batches
+        grouped into few messages (``input_groups`` of at most ``input_group_bytes``)."""
         if self.rank != 0 or self.plan.input_rank == 0:
             return
-        nbytes = sum(t.numel() * t.element_size() for mb in microbatches for t in tensors_of(mb))
-        if len(microbatches) > 1 and nbytes <= self.whole_input_bytes:
-            self._send_input(join(microbatches), 0, Flag.WHOLE_BATCH)
-            return
-        for i, mb in enumerate(microbatches):
-            self._send_input(mb, i)
+        sizes = [sum(t.numel() * t.element_size() for t in tensors_of(mb)) for mb in microbatches]
+        for group in input_groups(sizes, self.input_group_bytes):
+            mb = microbatches[group.start] if len(group) == 1 else join(microbatches[group.start:group.stop])
+            self._send_input(mb, group.start, len(group))
 
     def _outputs(self, outputs: dict[int, Any]) -> Optional[list[Any]]:
         if self.last_stage in self.stage_ids:
@@ -460,12 +466,15 @@ class PipelineRuntime:
     def _send(self, kind: Kind, peer: int, cut: int, mb: int, tensors: list[Tensor], bare: bool) -> None:
         n = len(tensors)
         for j, t in enumerate(tensors):
-            flags = Flag.BARE if (bare and j == 0) else Flag.NONE
+            flags = _BARE if (bare and j == 0) else 0
             if kind == Kind.ACTIVATION and t.requires_grad and t.is_floating_point():
-                flags |= Flag.REQUIRES_GRAD
+                flags |= _REQUIRES_GRAD
             self._send_one(kind, peer, cut, mb, j, n, t.detach(), flags)
 
-    def _send_one(self, kind: Kind, peer: int, cut: int, mb: int, j: int, n: int, t: Tensor, flags: int) -> None:
+    def _send_one(self, kind: Kind, peer: int, cut: int, mb: int, j: int, n: int, t: Tensor, flags: int,
+                  group: int = 0) -> None:
+        """Tensor ``j`` of the ``n`` micro-batch ``mb`` sends on ``kind``'s stream to ``peer`` (an input
+        message: of the ``group`` micro-batches from ``mb`` on)."""
         direction = Direction.GRADIENT if kind == Kind.GRADIENT else Direction.ACTIVATION
         codec = self.codecs.raw if kind == Kind.INPUT else self._bound(self.codecs.get(direction, cut, mb, j, t), mb)
         if kind != Kind.INPUT and j == 0 and t.is_floating_point() and self.codecs.is_auto(direction, cut):
@@ -476,14 +485,13 @@ class PipelineRuntime:
         if kind != Kind.INPUT and t.is_floating_point() and probe and not _finite(t):  # the streams' codecs do not check
             codec = self._on_nonfinite(kind, cut, mb, t)
             flags |= Flag.NONFINITE
-        with _no_autocast(t.device.type):  # codecs compute in the tensor's own dtype
-            try:
-                packet = codec.encode(t)
-            except NonFiniteError as error:  # a cast past its wire dtype's range (fp16): Inf on the wire
-                codec = self._on_nonfinite(kind, cut, mb, t, str(error))
-                flags |= Flag.NONFINITE
-                packet = codec.encode(t)
-        header = Header.data(kind, self.step, mb, self.num_microbatches, j, n, flags)
+        try:  # codecs compute in the tensor's own dtype
+            packet = _without_autocast(t.device.type, codec.encode, t)
+        except NonFiniteError as error:  # a cast past its wire dtype's range (fp16): Inf on the wire
+            codec = self._on_nonfinite(kind, cut, mb, t, str(error))
+            flags |= Flag.NONFINITE
+            packet = _without_autocast(t.device.type, codec.encode, t)
+        header = Header.data(kind, self.step, mb, self.num_microbatches, j, n, flags, group)
         nbytes = self.transport.send(peer, header, packet.payload, prefix=packet.header())
         raw = t.numel() * t.element_size() if kind == Kind.INPUT else self._raw_bytes(cut, j, t)
         self.stats.link(LinkKey("send", peer, Direction.of(kind))).add(nbytes, raw)
@@ -523,14 +531,14 @@ class PipelineRuntime:
             got = self.transport.recv(peer, what, kind=kind, step=self.step, microbatch=mb, index=j)
             h = got.header
             if j == 0:
-                count, bare = h.count, bool(h.flags & Flag.BARE)
+                count, bare = h.count, bool(h.flags & _BARE)
                 self._tensors_per_microbatch[(kind, peer)] = count
             elif h.count != count:
                 raise WireError(f"{self.transport.link(peer, False)}: {what}: message count changed from {count} to {h.count}")
             self._prepost_next(peer, kind, mb, j, count, 1)
             t = self._decode(got.payload, Direction.ACTIVATION, cut, mb, j, peer, what)
             self.stats.link(LinkKey("recv", peer, Direction.of(kind))).add(got.nbytes, self._raw_bytes(cut, j, t))
-            if grad and h.flags & Flag.REQUIRES_GRAD:
+            if grad and h.flags & _REQUIRES_GRAD:
                 t = t.detach().requires_grad_()
             tensors.append(t)
             j += 1
@@ -542,8 +550,8 @@ class PipelineRuntime:
             raise WireError(f"{link}: {what}: message {j} has no payload")
         try:
             packet = Packet.from_bytes(payload, owned=True)  # every received frame is fresh memory
-            with _no_autocast(payload.device.type):
-                return self._bound(self.codecs.decoder(direction, cut, mb, j, packet.codec), mb).decode(packet)
+            decoder = self._bound(self.codecs.decoder(direction, cut, mb, j, packet.codec), mb)
+            return _without_autocast(payload.device.type, decoder.decode, packet)
         except PacketError as err:
             raise WireError(f"{link}: {what}: message {j}: {err}") from err
 
@@ -586,10 +594,10 @@ class PipelineRuntime:
 
     # ------------------------------------------------------------------ raw inputs (chain placement)
 
-    def _send_input(self, mb: Batch, i: int, flags: int = Flag.NONE) -> None:
-        """Micro-batch ``i``'s raw inputs to the first stage (or the whole batch's, as micro-batch 0
-        with ``WHOLE_BATCH`` in ``flags``): one message per tensor, led by a ``LAYOUT`` message (its
-        structure as JSON) only when the structure changed."""
+    def _send_input(self, mb: Batch, i: int, group: int) -> None:
+        """The raw inputs of micro-batches ``i .. i + group - 1`` (joined in ``mb``) to the first
+        stage: one message per tensor, led by a ``LAYOUT`` message (its structure as JSON) only
+        when the structure changed."""
         peer = self.plan.input_rank
         tensors = tensors_of(mb)
         if isinstance(mb, Tensor):
@@ -602,49 +610,52 @@ class PipelineRuntime:
         n = len(tensors) + lead
         if lead:
             meta = torch.frombuffer(bytearray(json.dumps(layout).encode()), dtype=torch.uint8)
-            header = Header.data(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.LAYOUT | flags)
+            header = Header.data(Kind.INPUT, self.step, i, self.num_microbatches, 0, n, Flag.LAYOUT, group)
             nbytes = self.transport.send(peer, header, meta)
             self.stats.link(LinkKey("send", peer, Direction.INPUT)).add(nbytes, 0)
             self._input_layout_sent = layout
         for j, t in enumerate(tensors, start=lead):
-            self._send_one(Kind.INPUT, peer, 0, i, j, n, t.detach(), flags)
+            self._send_one(Kind.INPUT, peer, 0, i, j, n, t.detach(), 0, group)
 
     def _recv_input(self, i: int) -> Batch:
-        if self._whole_inputs is not None:
-            return self._whole_inputs[i]
+        """Micro-batch ``i``'s raw inputs: from the message that held it with the ones before it,
+        or from the next message, which holds ``arg`` micro-batches from ``i`` on."""
+        if i in self._grouped_inputs:
+            return self._grouped_inputs.pop(i)
         what = f"input of step {self.step}, micro-batch {i}"
+        link = self.transport.link(0, False)
         got = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=0)
-        count = got.header.count
-        whole = bool(got.header.flags & Flag.WHOLE_BATCH)
-        ahead = self.num_microbatches if whole else 1  # a whole batch is the step's only input
-        self._prepost_next(0, Kind.INPUT, i, 0, count, ahead)
+        count, group = got.header.count, got.header.arg
+        if not 1 <= group <= self.num_microbatches - i:
+            raise WireError(f"{link}: {what}: a message of {group} micro-batches from micro-batch {i} of {self.num_microbatches}")
+        self._prepost_next(0, Kind.INPUT, i, 0, count, group)
         messages = [got]
         if got.header.flags & Flag.LAYOUT:
             self.stats.link(LinkKey("recv", 0, Direction.INPUT)).add(got.nbytes, 0)
             try:
                 self._input_layout = json.loads(bytes(got.payload.cpu().numpy()).decode())
             except (ValueError, AttributeError) as err:
-                raise WireError(f"{self.transport.link(0, False)}: {what}: unreadable input layout") from err
+                raise WireError(f"{link}: {what}: unreadable input layout") from err
             messages = []
         layout = self._input_layout
         if layout is None or layout.get("count") != count - (1 - len(messages)):
-            raise WireError(f"{self.transport.link(0, False)}: {what}: {count} messages do not match the input layout {layout}")
+            raise WireError(f"{link}: {what}: {count} messages do not match the input layout {layout}")
         for j in range(1, count):
-            messages.append(self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=j))
-            self._prepost_next(0, Kind.INPUT, i, j, count, ahead)
+            messages.append(self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=j, arg=group))
+            self._prepost_next(0, Kind.INPUT, i, j, count, group)
         tensors = []
         for j, msg in enumerate(messages, start=count - len(messages)):
             t = self._decode(msg.payload, Direction.ACTIVATION, 0, i, j, 0, what)
             self.stats.link(LinkKey("recv", 0, Direction.INPUT)).add(msg.nbytes, t.numel() * t.element_size())
             tensors.append(t)
         batch = _input_batch(layout, tensors)
-        if not whole:
+        if group == 1:
             return batch
-        self._whole_inputs = scatter(batch, self.num_microbatches)
-        if len(self._whole_inputs) != self.num_microbatches:
-            raise WireError(f"{self.transport.link(0, False)}: {what}: a whole batch of {len(self._whole_inputs)} rows"
-                            f" for {self.num_microbatches} micro-batches")
-        return self._whole_inputs[i]
+        parts = scatter(batch, group)
+        if len(parts) != group:
+            raise WireError(f"{link}: {what}: a message of {group} micro-batches holds {len(parts)} rows")
+        self._grouped_inputs.update(zip(range(i + 1, i + group), parts[1:]))
+        return parts[0]
 
 
 def _input_batch(layout: dict, tensors: list[Tensor]) -> Batch:

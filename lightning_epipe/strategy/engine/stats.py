@@ -14,13 +14,14 @@ ahead, so that is the transfer; a completion seen late only lowers the rate).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 __all__ = ["LinkKey", "LinkCounter", "PipelineStats"]
 
 
-@dataclass(frozen=True, order=True)
-class LinkKey:
-    """One direction of one link as seen from this rank: ``send`` to or ``recv`` from ``peer``."""
+class LinkKey(NamedTuple):
+    """One direction of one link as seen from this rank: ``send`` to or ``recv`` from ``peer``
+    (a named tuple: one is looked up for every message)."""
 
     direction: str  # "send" | "recv"
     peer: int
