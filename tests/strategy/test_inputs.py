@@ -22,7 +22,7 @@ from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, se
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import Transport
-from lightning_epipe.strategy.comm.wire import Command
+from lightning_epipe.strategy.comm.wire import Command, WireError
 
 
 class Merge(nn.Module):
@@ -46,15 +46,15 @@ STREAMED = 3 + 2 + 5 + 4 + 5
 WHOLE = 2 + 1 + 3 + 2 + 3
 
 
-def run_chain(batches: list, chunks: int, input_group_bytes: int | None) -> tuple[list, dict]:
+def run_chain(batches: list, chunks: int, input_group_bytes: int | None, timeout_s: float = 20) -> tuple[list, dict, list]:
     """Evaluate ``batches`` through a 2-process chain on the in-memory fabric (stage 0 on rank 1,
-    fed the raw inputs by rank 0); the outputs, and the runtimes."""
+    fed the raw inputs by rank 0); the outputs, the runtimes and what either rank raised."""
     plan = plan_pipeline(3, 2, [2, 1], "chain")  # stage 0 (with the inputs) on rank 1, the last stage on rank 0
     fabric = MemoryFabric(2, "nccl")
     groups = {(s.name, s.src, s.dst): str(s) for s in pipeline_streams("chain", 2)}
     runtimes, errors, outputs = {}, [], []
     for rank in (0, 1):
-        transport = Transport(rank, torch.device("cpu"), timedelta(seconds=20), groups=groups, control_group="control",
+        transport = Transport(rank, torch.device("cpu"), timedelta(seconds=timeout_s), groups=groups, control_group="control",
                               backend=fabric.backend(rank))
         codecs = CodecBook(resolve_specs("none", {}, plan.num_cuts, "a"), resolve_specs("none", {}, plan.num_cuts, "g"))
         runtimes[rank] = PipelineRuntime(plan, rank, make_layers(), transport, codecs, PipelineStats())
@@ -89,12 +89,17 @@ def run_chain(batches: list, chunks: int, input_group_bytes: int | None) -> tupl
         t.start()
     for t in threads:
         t.join(60)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return outputs, runtimes, errors
+
+
+def assert_intact(batches: list, outputs: list, errors: list) -> None:
+    """Every batch came through the pipeline as through the layers in one process."""
     assert not errors, errors
     reference = make_layers()
     with torch.no_grad():
-        for batch, got in zip(batches, outputs):
+        for batch, got in zip(batches, outputs, strict=True):
             torch.testing.assert_close(got, reference(batch))
-    return outputs, runtimes
 
 
 def input_messages(runtimes: dict) -> tuple[int, int]:
@@ -107,7 +112,9 @@ def input_messages(runtimes: dict) -> tuple[int, int]:
 def test_input_layouts_change_between_steps_and_arrive_intact(input_group_bytes, messages):
     g = torch.Generator().manual_seed(1)
     a, b = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
-    _, runtimes = run_chain([a, b, (a, b), (b, a), {"x": a, "y": b}], 2, input_group_bytes)
+    batches = [a, b, (a, b), (b, a), {"x": a, "y": b}]
+    outputs, runtimes, errors = run_chain(batches, 2, input_group_bytes)
+    assert_intact(batches, outputs, errors)
     assert input_messages(runtimes) == (messages, messages)
 
 
@@ -118,6 +125,19 @@ def test_inputs_cross_in_growing_groups_split_back_into_their_microbatches():
     g = torch.Generator().manual_seed(2)
     full = (torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g))  # 64 bytes a micro-batch of 2 rows
     short = (torch.randn(7, 4, generator=g), torch.randn(7, 4, generator=g))  # micro-batches of 2, 2, 2, 1 rows
-    _, runtimes = run_chain([full, short, full], 4, 128)
+    batches = [full, short, full]
+    outputs, runtimes, errors = run_chain(batches, 4, 128)
+    assert_intact(batches, outputs, errors)
     # the layout leads once; then three groups of two tensors a step
     assert input_messages(runtimes) == (1 + 3 * 2 * 3, 1 + 3 * 2 * 3)
+
+
+def test_an_input_message_claiming_more_microbatches_than_the_step_has_is_a_wire_error(monkeypatch):
+    """A corrupted micro-batch count in an input header (here 3 of a step's 2) names the link
+    instead of splitting the inputs wrongly."""
+    import lightning_epipe.strategy.engine.runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "input_groups", lambda sizes, limit: [range(0, len(sizes) + 1)])
+    _, _, errors = run_chain([torch.randn(6, 4)], 2, None, timeout_s=2)  # the client then waits in vain
+    wire = [e for e in errors if isinstance(e, WireError)]
+    assert wire and "link rank 0 -> rank 1" in str(wire[0]) and "3 micro-batches from micro-batch 0 of 2" in str(wire[0])
