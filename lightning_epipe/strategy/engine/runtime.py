@@ -473,8 +473,9 @@ class PipelineRuntime:
 
     def _send_one(self, kind: Kind, peer: int, cut: int, mb: int, j: int, n: int, t: Tensor, flags: int,
                   group: int = 0) -> None:
-        """Tensor ``j`` of the ``n`` micro-batch ``mb`` sends on ``kind``'s stream to ``peer`` (an input
-        message: of the ``group`` micro-batches from ``mb`` on)."""
+        """Send tensor ``j`` of the ``n`` that micro-batch ``mb`` carries on ``kind``'s stream to
+        ``peer``: probe, encode, frame, post (an input message: of the ``group`` micro-batches
+        from ``mb`` on, joined)."""
         direction = Direction.GRADIENT if kind == Kind.GRADIENT else Direction.ACTIVATION
         codec = self.codecs.raw if kind == Kind.INPUT else self._bound(self.codecs.get(direction, cut, mb, j, t), mb)
         if kind != Kind.INPUT and j == 0 and t.is_floating_point() and self.codecs.is_auto(direction, cut):
