@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
-from typing import Callable, Optional
 from datetime import timedelta
+from typing import Callable, Optional
 
 import torch
 from torch import nn

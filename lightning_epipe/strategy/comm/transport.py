@@ -64,7 +64,8 @@ from torch import Tensor
 from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, Arrivals, Transfer, TransferWindow
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.comm.streams import CONTROL, stream_name
-from lightning_epipe.strategy.comm.wire import HEADER_NBYTES, Flag, Header, Kind, WireError, checksum, host_checksum
+from lightning_epipe.strategy.comm.wire import (HEADER_NBYTES, RESIZE_BIT, Flag, Header, Kind, WireError, checksum,
+                                                host_checksum)
 
 __all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND", "frame_capacity"]
 
@@ -149,8 +150,6 @@ DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv, completes_unwait
 #: The tag of a frame announced by a ``RESIZE`` notice, where the backend keeps tags apart: the
 #: stream's own FIFO (tag 0) then only ever holds frames of the sizes both ends expect.
 RESIZED_TAG = 1
-
-_RESIZE = int(Flag.RESIZE)  # a plain int: ``flags & Flag.RESIZE`` would go through the enum's Python code
 
 
 @dataclass
@@ -447,7 +446,7 @@ class Transport:
         header = Header.read(posted.frame, link)
         header.expect(link, **expect)
         frame, nbytes = posted.frame, posted.frame.numel()
-        if header.flags & _RESIZE:
+        if header.flags & RESIZE_BIT:
             self._frame_sizes[(name, peer, self.rank, key)] = HEADER_NBYTES + header.payload_nbytes
             resized = self._post_recv(name, group, device, peer, key, RESIZED_TAG if self._tagged else 0)
             self._wait(resized.work, peer, what, blocking=not idle)

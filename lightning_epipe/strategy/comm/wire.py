@@ -19,7 +19,7 @@ import torch
 import xxhash
 from torch import Tensor
 
-__all__ = ["Kind", "Direction", "Flag", "StepFlag", "Command", "ClipAlgorithm", "Header", "WireError", "HEADER_LEN",
+__all__ = ["Kind", "Direction", "Flag", "BARE_BIT", "REQUIRES_GRAD_BIT", "RESIZE_BIT", "StepFlag", "Command", "ClipAlgorithm", "Header", "WireError", "HEADER_LEN",
            "HEADER_NBYTES", "MAX_PAYLOAD", "checksum", "host_checksum"]
 
 MAGIC = 0x45504950  # "EPIP"
@@ -64,6 +64,11 @@ class Flag(enum.IntFlag):
     NONFINITE = 8  # the sender found NaN/Inf here; no payload
     RESIZE = 16  # a notice: the next frame of this key has another size (payload_nbytes: its capacity); it follows
     LAYOUT = 32  # an input's first message: the JSON layout of its tensors (sent when it changes), tensors follow
+
+
+#: The flags every message is tested for, as plain ints: an int ``&`` a ``Flag`` member runs the
+#: enum's Python ``__rand__``, once per test of every message.
+BARE_BIT, REQUIRES_GRAD_BIT, RESIZE_BIT = int(Flag.BARE), int(Flag.REQUIRES_GRAD), int(Flag.RESIZE)
 
 
 class StepFlag(enum.IntFlag):

@@ -38,7 +38,8 @@ from lightning_epipe.strategy.engine.schedule import rank_tasks, rank_tasks_1f1b
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.engine.timing import ComputeTimer
 from lightning_epipe.strategy.comm.transport import Transport
-from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command, Direction, Flag, Header, Kind, StepFlag, WireError
+from lightning_epipe.strategy.comm.wire import (BARE_BIT, REQUIRES_GRAD_BIT, ClipAlgorithm, Command, Direction, Flag,
+                                                Header, Kind, StepFlag, WireError)
 
 __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GROUP_BYTES"]
 
@@ -66,11 +67,6 @@ def _without_autocast(device_type: str, work: Callable[[Any], Any], arg: Any) ->
         with torch.autocast(device_type, enabled=False):
             return work(arg)
     return work(arg)
-
-
-# Header flags as plain ints: ``flags & Flag.BARE`` on an int would run the enum's Python code
-# for every message.
-_BARE, _REQUIRES_GRAD = int(Flag.BARE), int(Flag.REQUIRES_GRAD)
 
 
 def _detach(y: Any) -> Any:
@@ -296,8 +292,9 @@ class PipelineRuntime:
     def _prepost_phase(self, kind: Kind, order: range) -> None:
         """Post the receives of this phase's ``kind`` messages (``order``: their micro-batches as
         they come): the first on every stream, and where a stream carries one tensor per
-        micro-batch to one stage of this rank all the others behind it at once (``Transport.prepost``'s ``behind``, on gloo),
-        so that every message is written as soon as its sender sends it. One tensor: a
+        micro-batch to one stage of this rank all the others behind it at once
+        (``Transport.prepost``'s ``behind``, on gloo), so that every message is written as soon
+        as its sender sends it. One tensor: a
         gradient stream's as the saved outputs say (GPipe's backward), an activation stream's as
         its last message said (its stage's output structure is the same at every step)."""
         self._prepost_first(kind, order[0])
@@ -466,9 +463,9 @@ class PipelineRuntime:
     def _send(self, kind: Kind, peer: int, cut: int, mb: int, tensors: list[Tensor], bare: bool) -> None:
         n = len(tensors)
         for j, t in enumerate(tensors):
-            flags = _BARE if (bare and j == 0) else 0
+            flags = BARE_BIT if (bare and j == 0) else 0
             if kind == Kind.ACTIVATION and t.requires_grad and t.is_floating_point():
-                flags |= _REQUIRES_GRAD
+                flags |= REQUIRES_GRAD_BIT
             self._send_one(kind, peer, cut, mb, j, n, t.detach(), flags)
 
     def _send_one(self, kind: Kind, peer: int, cut: int, mb: int, j: int, n: int, t: Tensor, flags: int,
@@ -532,14 +529,14 @@ class PipelineRuntime:
             got = self.transport.recv(peer, what, kind=kind, step=self.step, microbatch=mb, index=j)
             h = got.header
             if j == 0:
-                count, bare = h.count, bool(h.flags & _BARE)
+                count, bare = h.count, bool(h.flags & BARE_BIT)
                 self._tensors_per_microbatch[(kind, peer)] = count
             elif h.count != count:
                 raise WireError(f"{self.transport.link(peer, False)}: {what}: message count changed from {count} to {h.count}")
             self._prepost_next(peer, kind, mb, j, count, 1)
             t = self._decode(got.payload, Direction.ACTIVATION, cut, mb, j, peer, what)
             self.stats.link(LinkKey("recv", peer, Direction.of(kind))).add(got.nbytes, self._raw_bytes(cut, j, t))
-            if grad and h.flags & _REQUIRES_GRAD:
+            if grad and h.flags & REQUIRES_GRAD_BIT:
                 t = t.detach().requires_grad_()
             tensors.append(t)
             j += 1
