@@ -45,6 +45,8 @@ _ENTRY = 10  # uint16 code + float64 value
 def host_values(t: torch.Tensor) -> np.ndarray:
     """A small tensor's values on the host: [n] any float dtype -> [n] float32 or float64
     numpy (exact: float16 and bfloat16 widen to float32 losslessly)."""
+    if t.dtype in (torch.float32, torch.float64) and t.device.type == "cpu" and not t.requires_grad:
+        return t.reshape(-1).numpy()  # a view where t is contiguous
     t = t.detach().reshape(-1)
     if t.dtype not in (torch.float32, torch.float64):
         t = t.float()

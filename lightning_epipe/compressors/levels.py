@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -66,9 +67,16 @@ def levels_nbytes(numel: int, bits: int, split: int, entries: int = 0) -> int:
 F32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
 
 
+_F32 = struct.Struct("<f")
+
+
 def f32(value: float) -> float:
-    """``value`` rounded to the nearest float32 (as a Python float)."""
-    return float(np.float32(value))
+    """``value`` rounded to the nearest float32 (as a Python float; past float32's range, an
+    infinity of its sign, as numpy rounds it)."""
+    try:
+        return _F32.unpack(_F32.pack(value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 def float32_code(value: float, lo: float, factor: float, top: int, divide: bool = False) -> int | None:
@@ -122,12 +130,13 @@ def levels_head(bits: int, split: int, lo: Sequence[float], step: Sequence[float
     step32 = np.asarray(step, dtype=np.float32)
     q_bits = bits - split
     codes, values, seen = [], [], set()
+    los, steps = (lo32.tolist(), step32.tolist()) if exact else ((), ())
     for code, value in exact:
         if code in seen or len(codes) == MAX_ENTRIES:
             continue
         seen.add(code)
         k = code >> q_bits  # the level as lookup computes it, in float64, then rounded
-        level = float(lo32[k]) + (code & ((1 << q_bits) - 1)) * float(step32[k])
+        level = los[k] + (code & ((1 << q_bits) - 1)) * steps[k]
         if _rounded(level, dtype) != value:
             codes.append(int(code))
             values.append(float(value))
@@ -140,7 +149,7 @@ def _rounded(level: float, dtype: torch.dtype) -> float:
     if dtype == torch.float64:
         return level
     if dtype == torch.float32:
-        return float(np.float32(level))
+        return f32(level)
     if dtype == torch.float16:  # numpy rounds to float16 as torch does (to nearest even)
         return float(np.float16(level))
     return float(cast_levels(np.asarray([level]), dtype)[0])

@@ -245,3 +245,29 @@ def test_lloyd_steps_and_nearest():
                         np.array([0.0, 1.0, 2.0])).tolist() == [0, 0, 1, 2]
     many = np.arange(100.0)
     assert np.array_equal(nearest(np.array([3.2, 50.5, 99.0]), many), [3, 50, 99])
+
+
+def test_f32_rounds_as_numpy_float32_overflow_and_nan_included():
+    """``levels.f32`` (the host path's float32 rounding of one Python float) is ``np.float32``'s,
+    past float32's range an infinity of the value's sign."""
+    from lightning_epipe.compressors.levels import f32
+
+    g = np.random.default_rng(0)
+    values = [*g.standard_normal(500) * 10.0 ** g.integers(-45, 39, 500), 3.4028235e38, 3.4028236e38, 3.5e38,
+              -3.5e38, 1e300, -1e300, 1.4e-45, 7e-46, 0.0, -0.0, float("inf"), float("-inf")]
+    with np.errstate(over="ignore"):
+        expected = [float(np.float32(v)) for v in values]
+    assert [f32(v) for v in values] == expected
+    assert [np.copysign(1.0, f32(v)) for v in values] == [np.copysign(1.0, e) for e in expected]
+    assert np.isnan(f32(float("nan")))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_host_values_of_a_cpu_tensor_are_its_values_flat(dtype):
+    from lightning_epipe.compressors.exact import host_values
+
+    x = torch.randn(3, 4).to(dtype)
+    for t in (x, x.t(), x.clone().requires_grad_()):  # contiguous (a view), strided (a copy), needing grad
+        got = host_values(t)
+        assert got.shape == (12,) and got.dtype in (np.float32, np.float64)
+        assert np.array_equal(got, t.detach().reshape(-1).double().numpy().astype(got.dtype))
