@@ -6,6 +6,8 @@ import torch
 
 from lightning_epipe.compressors import NonFiniteError, Packet, bitpack, get_compressor, host, lloydmax, sortquant
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
+from lightning_epipe.compressors.exact import host_values
+from lightning_epipe.compressors.levels import f32
 from lightning_epipe.compressors.lloydmax import (TAIL_RANKS, _count_below, fit_levels_host, fit_sample, lloyd_steps,
                                                   nearest)
 from lightning_epipe.compressors.sortquant import _rank_buckets, _starts
@@ -250,8 +252,6 @@ def test_lloyd_steps_and_nearest():
 def test_f32_rounds_as_numpy_float32_overflow_and_nan_included():
     """``levels.f32`` (the host path's float32 rounding of one Python float) is ``np.float32``'s,
     past float32's range an infinity of the value's sign."""
-    from lightning_epipe.compressors.levels import f32
-
     g = np.random.default_rng(0)
     values = [*g.standard_normal(500) * 10.0 ** g.integers(-45, 39, 500), 3.4028235e38, 3.4028236e38, 3.5e38,
               -3.5e38, 1e300, -1e300, 1.4e-45, 7e-46, 0.0, -0.0, float("inf"), float("-inf")]
@@ -264,8 +264,6 @@ def test_f32_rounds_as_numpy_float32_overflow_and_nan_included():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_host_values_of_a_cpu_tensor_are_its_values_flat(dtype):
-    from lightning_epipe.compressors.exact import host_values
-
     x = torch.randn(3, 4).to(dtype)
     for t in (x, x.t(), x.clone().requires_grad_()):  # contiguous (a view), strided (a copy), needing grad
         got = host_values(t)
