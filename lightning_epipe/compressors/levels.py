@@ -130,7 +130,7 @@ def levels_head(bits: int, split: int, lo: Sequence[float], step: Sequence[float
     step32 = np.asarray(step, dtype=np.float32)
     q_bits = bits - split
     codes, values, seen = [], [], set()
-    los, steps = (lo32.tolist(), step32.tolist()) if exact else ((), ())
+    los, steps = lo32.tolist(), step32.tolist()
     for code, value in exact:
         if code in seen or len(codes) == MAX_ENTRIES:
             continue

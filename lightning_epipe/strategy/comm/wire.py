@@ -19,8 +19,9 @@ import torch
 import xxhash
 from torch import Tensor
 
-__all__ = ["Kind", "Direction", "Flag", "BARE_BIT", "REQUIRES_GRAD_BIT", "RESIZE_BIT", "StepFlag", "Command", "ClipAlgorithm", "Header", "WireError", "HEADER_LEN",
-           "HEADER_NBYTES", "MAX_PAYLOAD", "checksum", "host_checksum"]
+__all__ = ["Kind", "Direction", "Flag", "BARE_BIT", "REQUIRES_GRAD_BIT", "RESIZE_BIT", "StepFlag", "Command",
+           "ClipAlgorithm", "Header", "WireError", "HEADER_LEN", "HEADER_NBYTES", "MAX_PAYLOAD", "checksum",
+           "host_checksum"]
 
 MAGIC = 0x45504950  # "EPIP"
 VERSION = 5  # 5: an input message holds `arg` micro-batches (no WHOLE_BATCH flag); 4: CLIP_GRADIENTS (3: every training batch starts with BATCH_START or STOP; 2: payload checksums are XXH3-64; 1: CRC32)

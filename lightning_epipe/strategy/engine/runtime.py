@@ -51,6 +51,7 @@ __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GR
 # step instead of once per micro-batch.
 INPUT_GROUP_BYTES = 256 * 1024
 
+
 def _finite(t: Tensor) -> bool:
     """Whether ``t`` holds no NaN/Inf: one read for the sum (non-finite whenever ``t`` is), an
     exact look only when the sum is not finite (a finite tensor whose sum overflows). The sum's
@@ -625,7 +626,8 @@ class PipelineRuntime:
         got = self.transport.recv(0, what, kind=Kind.INPUT, step=self.step, microbatch=i, index=0)
         count, group = got.header.count, got.header.arg
         if not 1 <= group <= self.num_microbatches - i:
-            raise WireError(f"{link}: {what}: a message of {group} micro-batches from micro-batch {i} of {self.num_microbatches}")
+            raise WireError(f"{link}: {what}: a message of {group} micro-batches from micro-batch {i}"
+                            f" of {self.num_microbatches}")
         self._prepost_next(0, Kind.INPUT, i, 0, count, group)
         messages = [got]
         if got.header.flags & Flag.LAYOUT:
