@@ -252,7 +252,8 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
         nonfinite = "allow" if scaler is not None else self.config.nonfinite  # overflow is the GradScaler's to handle
         runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
-                                  nonfinite, self.config.checkpoint, assembly.bottlenecks)
+                                  nonfinite, self.config.checkpoint, assembly.bottlenecks,
+                                  with_sample_ids=self.config.delta is not None)
         self._checkpoint.attach(ckpt.CheckpointRank(
             self._transport, self.world_size, self.global_rank, self.root_device, module, assembly.pipeline_attr,
             None if self.is_client else tuple(plan.layers_of(self.pipeline_rank)), codecs, list(plan.balance),

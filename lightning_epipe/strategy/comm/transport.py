@@ -397,7 +397,14 @@ class Transport:
 
     # ------------------------------------------------------------------ receiving
 
-    def prepost(self, peer: int, kind: int, microbatch: int = 0, index: int = 0, behind: bool = False) -> None:
+    @property
+    def tags_apart(self) -> bool:
+        """Whether the data streams' tags are FIFOs of their own (gloo), so receives may queue
+        on a stream ahead of the message read next (:meth:`prepost`'s ``behind``)."""
+        return self._tagged
+
+    def prepost(self, peer: int, kind: int, microbatch: int = 0, index: int = 0, behind: bool = False,
+                ahead: int = 1) -> None:
         """Post the receive of the next message from ``peer`` on ``kind``'s stream now, so it
         lands while this rank computes (no-op if that stream already has one posted).
 
@@ -407,11 +414,17 @@ class Transport:
         caller posts in the stream's order. Only where the backend keeps tags apart (gloo):
         there a frame announced by a ``RESIZE`` notice travels on its own tag and can never
         land in a receive posted for a later message; elsewhere (NCCL) a stream holds one
-        posted receive at a time, and ``behind`` posts only on a stream with none."""
+        posted receive at a time, and ``behind`` posts only on a stream with none.
+
+        ``ahead``: keep that many receives of this message posted, for a stream whose every
+        message is this one, in frames of one size (a server's commands from the client), so
+        that the next ones are written in their sender's own send, not when this rank reads."""
         name, group, device = self._route(kind, peer, self.rank)
         key = _key(kind, microbatch, index)
         queue = self._posted.setdefault((name, peer), [])
         if not queue or (behind and self._tagged and all(p.key != key for p in queue)):
+            queue.append(self._post_recv(name, group, device, peer, key))
+        while len(queue) < ahead and all(p.key == key for p in queue):
             queue.append(self._post_recv(name, group, device, peer, key))
 
     def _post_recv(self, name: str, group: Any, device: torch.device, peer: int, key: Key, tag: int = 0) -> _Posted:

@@ -41,7 +41,7 @@ from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import (BARE_BIT, REQUIRES_GRAD_BIT, ClipAlgorithm, Command, Direction, Flag,
                                                 Header, Kind, StepFlag, WireError)
 
-__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GROUP_BYTES"]
+__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GROUP_BYTES", "COMMANDS_AHEAD"]
 
 # Raw inputs (chain placement) cross to the first stage in few messages (``microbatch.input_groups``):
 # a batch of at most this many bytes (token ids, small features) as one message per tensor, split
@@ -50,6 +50,13 @@ __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GR
 # message's fixed cost (a gloo rendezvous, the frame, Python on both ends) is paid a few times a
 # step instead of once per micro-batch.
 INPUT_GROUP_BYTES = 256 * 1024
+
+# A server keeps this many receives of the client's commands posted (one where the client sends
+# each step's sample ids after its FORWARD): the client sends a step's BATCH_START and FORWARD
+# while a server may still be in the step before, and a message whose receive is not posted
+# yet leaves only once the receiver has posted it and the sender's gloo I/O thread has woken
+# up to write it, on the critical path of a pipeline with few micro-batches.
+COMMANDS_AHEAD = 2
 
 
 def _finite(t: Tensor) -> bool:
@@ -125,6 +132,7 @@ class PipelineRuntime:
         nonfinite: str = "raise",
         checkpoint: str = "never",
         bottlenecks: Optional[dict[int, BottleneckPair]] = None,
+        with_sample_ids: bool = False,
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -145,6 +153,9 @@ class PipelineRuntime:
         self.microbatches_run = 0  # micro-batches of every step begun so far (auto's compute per micro-batch)
         self.samples: dict[tuple[str, int], Tensor] = {}  # (direction, cut) -> last tensor sent on an auto link
         self.sample_ids: Optional[list[Tensor]] = None  # [b] dataset indices per micro-batch (delta compression)
+        # server: command receives kept posted, so that a command the client sends while this rank
+        # still computes leaves in the client's own send (one: a step's sample ids may follow)
+        self._commands_ahead = 1 if with_sample_ids else COMMANDS_AHEAD
         self.num_samples = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
         self._tensors_per_microbatch: dict[tuple[int, int], int] = {}  # (kind, peer) -> as in its last message
@@ -208,7 +219,13 @@ class PipelineRuntime:
             raise WireError(f"{self.transport.link(0, False)}: unknown command {h.arg}")
         command = Command(h.arg)
         sample_ids = command == Command.FORWARD and h.flags & StepFlag.SAMPLE_IDS
-        self.transport.prepost(0, Kind.SAMPLES if sample_ids else Kind.CONTROL)  # what the client sends next
+        if sample_ids and self._commands_ahead > 1:
+            raise WireError(f"{self.transport.link(0, False)}: the client sends sample ids (delta compression) to a"
+                            " rank that keeps command receives posted ahead: build it with with_sample_ids=True")
+        if sample_ids:
+            self.transport.prepost(0, Kind.SAMPLES)  # what the client sends next
+        else:
+            self.transport.prepost(0, Kind.CONTROL, ahead=self._commands_ahead)
         expected = self.step + 1 if command == Command.FORWARD else self.step
         if h.step != expected:
             raise WireError(
@@ -561,6 +578,8 @@ class PipelineRuntime:
             self.transport.prepost(peer, kind, mb, j + 1)
         elif 0 <= mb + step < self.num_microbatches:
             self.transport.prepost(peer, kind, mb + step)
+        elif kind == Kind.INPUT and self.transport.tags_apart:  # the next step's first (gloo): it may come
+            self.transport.prepost(peer, kind, 0)  # while this rank is still in this step's backward
 
     def _send_grads(self, peer: int, cut: int, mb: int, leaves: list[Tensor],
                     grads: Optional[list[Optional[Tensor]]] = None) -> None:
