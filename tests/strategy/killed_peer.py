@@ -3,8 +3,9 @@
     python tests/strategy/killed_peer.py --out r.pt --fault kill --fault-rank 2 --fault-step 2
 
 The killed rank prints ``killed at <time.time()>`` just before its SIGKILL; every other rank
-prints ``<exception> at <time.time()>`` when the failure reaches it, then re-raises. All print
-to the output Lightning's launcher shares between the ranks of this machine.
+prints ``<exception> at <time.time()>: <its message's first line>`` when the failure reaches
+it, then re-raises. All print to the output Lightning's launcher shares between the ranks of
+this machine.
 """
 
 from __future__ import annotations
@@ -30,5 +31,5 @@ if __name__ == "__main__":
     try:
         scenario.main()
     except Exception as err:
-        print(f"{type(err).__name__} at {time.time():.6f}", flush=True)
-        raise
+        print(f"{type(err).__name__} at {time.time():.6f}: {str(err).splitlines()[0] if str(err) else ''}", flush=True)
+        raise  # its traceback may be cut short when the launcher kills the ranks, the line above is not

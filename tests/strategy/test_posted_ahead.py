@@ -70,12 +70,12 @@ def test_with_sample_ids_a_server_keeps_one_and_reads_them_after_forward():
     assert torch.equal(ids, torch.arange(6)) and num_samples == 100
     assert server.next_command().command == Command.FINISH_STEP
     client.transport.flush()
-    _, (client, server) = _pair("nccl", with_sample_ids=True, seconds=0.5)  # one posted: FINISH_STEP waits for it
+    _, (client, server) = _pair("nccl", with_sample_ids=True, seconds=0.5)
     client.command(Command.BATCH_START)
     assert server.next_command().command == Command.BATCH_START
     client.command(Command.STOP)
     client.command(Command.STOP)
-    with pytest.raises(PeerError):
+    with pytest.raises(PeerError):  # one receive posted: the second command waits for the server
         client.transport.flush()
 
 
