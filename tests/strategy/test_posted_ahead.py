@@ -90,12 +90,15 @@ def test_sample_ids_to_a_server_built_without_them_are_an_error_that_says_so():
 def _steps(client: PipelineRuntime, server: PipelineRuntime, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Forwards of each ``x`` through both ranks, the server (first stage) on a thread of its own."""
 
+    commands: list[Command] = []
+
     def serve() -> None:
         with torch.no_grad():
             for _ in xs:
-                server.begin_step(server.next_command().num_microbatches)
+                forward = server.next_command()
+                server.begin_step(forward.num_microbatches)
                 server.forward()
-                assert server.next_command().command == Command.FINISH_STEP
+                commands.extend([forward.command, server.next_command().command])
 
     thread = threading.Thread(target=serve)
     thread.start()
@@ -108,7 +111,7 @@ def _steps(client: PipelineRuntime, server: PipelineRuntime, xs: list[torch.Tens
             client.command(Command.FINISH_STEP)
     client.transport.flush()
     thread.join(timeout=10)
-    assert not thread.is_alive()
+    assert not thread.is_alive() and commands == [Command.FORWARD, Command.FINISH_STEP] * len(xs)
     return outputs
 
 
