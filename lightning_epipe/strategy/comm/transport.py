@@ -424,8 +424,8 @@ class Transport:
         queue = self._posted.setdefault((name, peer), [])
         if not queue or (behind and self._tagged and all(p.key != key for p in queue)):
             queue.append(self._post_recv(name, group, device, peer, key))
-        while len(queue) < ahead and all(p.key == key for p in queue):
-            queue.append(self._post_recv(name, group, device, peer, key))
+        if len(queue) < ahead and all(p.key == key for p in queue):
+            queue.extend(self._post_recv(name, group, device, peer, key) for _ in range(ahead - len(queue)))
 
     def _post_recv(self, name: str, group: Any, device: torch.device, peer: int, key: Key, tag: int = 0) -> _Posted:
         size = self._frame_sizes.get((name, peer, self.rank, key), HEADER_NBYTES)

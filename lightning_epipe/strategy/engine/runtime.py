@@ -219,13 +219,13 @@ class PipelineRuntime:
             raise WireError(f"{self.transport.link(0, False)}: unknown command {h.arg}")
         command = Command(h.arg)
         sample_ids = command == Command.FORWARD and h.flags & StepFlag.SAMPLE_IDS
-        if sample_ids and self._commands_ahead > 1:
+        if not sample_ids:  # what the client sends next
+            self.transport.prepost(0, Kind.CONTROL, ahead=self._commands_ahead)
+        elif self._commands_ahead == 1:
+            self.transport.prepost(0, Kind.SAMPLES)
+        else:
             raise WireError(f"{self.transport.link(0, False)}: the client sends sample ids (delta compression) to a"
                             " rank that keeps command receives posted ahead: build it with with_sample_ids=True")
-        if sample_ids:
-            self.transport.prepost(0, Kind.SAMPLES)  # what the client sends next
-        else:
-            self.transport.prepost(0, Kind.CONTROL, ahead=self._commands_ahead)
         expected = self.step + 1 if command == Command.FORWARD else self.step
         if h.step != expected:
             raise WireError(
