@@ -32,21 +32,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(cfg: dict, netns: Optional[str] = None, timeout: float = 600) -> dict:
-    """Run ``cfg`` (see ``worker.py``) to completion; its rank-0 JSON, or ``{"error": ...}``."""
+def run(cfg: dict, netns: Optional[str] = None, timeout: float = 600, root: Path = ROOT) -> dict:
+    """Run ``cfg`` (see ``worker.py``) to completion; its rank-0 JSON, or ``{"error": ...}``.
+    ``root``: the tree whose ``benchmarks/worker.py`` and package run (another revision's,
+    :func:`exported_revision`)."""
     prefix = ["ip", "netns", "exec", netns] if netns else []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cfg = {**cfg, "out": str(out)}
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-               "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(cfg.get("threads", 1))}
-        cmd = prefix + [sys.executable, str(WORKER), "--config", json.dumps(cfg)]
+               "PYTHONPATH": str(root), "OMP_NUM_THREADS": str(cfg.get("threads", 1))}
+        worker = root / WORKER.relative_to(ROOT)
+        cmd = prefix + [sys.executable, str(worker), "--config", json.dumps(cfg)]
         ranks = range(cfg["devices"]) if cfg["kind"] == "pipelining" else [None]
         procs = []
         for rank in ranks:
             rank_env = env if rank is None else {**env, "RANK": str(rank), "LOCAL_RANK": str(rank),
                                                  "WORLD_SIZE": str(cfg["devices"])}
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=rank_env, stdout=subprocess.PIPE,
+            procs.append(subprocess.Popen(cmd, cwd=root, env=rank_env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True, start_new_session=True))
         logs, timed_out = [], False
         for p in procs:
@@ -68,6 +71,35 @@ def run(cfg: dict, netns: Optional[str] = None, timeout: float = 600) -> dict:
         if timed_out:
             return {"error": f"hung: no result after {timeout:.0f} s (killed)", "log": tail}
         return {"error": f"exit codes {[p.returncode for p in procs]}", "log": tail}
+
+
+@contextlib.contextmanager
+def exported_revision(rev: str) -> Iterator[Path]:
+    """The package and the benchmarks at git revision ``rev`` (``git archive``) in a temporary
+    directory, for :func:`run`'s ``root``; removed afterwards. Raises CalledProcessError
+    (git's message in ``stderr``) for a revision this clone does not have."""
+    target = Path(tempfile.mkdtemp(prefix="epipe-rev-"))
+    try:
+        archive = subprocess.run(["git", "archive", rev, "lightning_epipe", "benchmarks"], cwd=ROOT, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True, capture_output=True)
+        yield target
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def commit_of(rev: str) -> str:
+    """The full hash of ``rev`` in this clone."""
+    return subprocess.run(["git", "rev-parse", rev], cwd=ROOT, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def this_tree() -> str:
+    """This tree's commit, ``" + uncommitted changes"`` after it where the package or the
+    benchmarks differ from it."""
+    changed = subprocess.run(["git", "status", "--porcelain", "--", "lightning_epipe", "benchmarks"], cwd=ROOT,
+                             check=True, capture_output=True, text=True).stdout.strip()
+    return commit_of("HEAD") + (" + uncommitted changes" if changed else "")
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
