@@ -95,9 +95,9 @@ def commit_of(rev: str) -> str:
 
 
 def this_tree() -> str:
-    """This tree's commit, ``" + uncommitted changes"`` after it where the package or the
-    benchmarks differ from it."""
-    changed = subprocess.run(["git", "status", "--porcelain", "--", "lightning_epipe", "benchmarks"], cwd=ROOT,
+    """This tree's commit, ``" + uncommitted changes"`` after it where the package's or the
+    benchmarks' code differs from it (result files and READMEs do not count)."""
+    changed = subprocess.run(["git", "status", "--porcelain", "--", "lightning_epipe", "benchmarks/*.py"], cwd=ROOT,
                              check=True, capture_output=True, text=True).stdout.strip()
     return commit_of("HEAD") + (" + uncommitted changes" if changed else "")
 

@@ -142,13 +142,13 @@ def main() -> None:
     parser.add_argument("--out", default="engine_baseline.json", help="file name under benchmarks/results")
     args = parser.parse_args()
     cells = [parse_cell(c) for c in args.cells]
-    load_before = load_average()
+    load_before, current = load_average(), this_tree()  # the code the runs run
     print(load_before, flush=True)
     with exported_revision(args.baseline) as rev_root:
         rows = measure(cells, rev_root, args.repeats, args.steps)
     text = table(rows, args.baseline)
     write_json(args.out, {"baseline": args.baseline, "baseline_commit": commit_of(args.baseline),
-                          "current": this_tree(), "steps": args.steps, "repeats": args.repeats,
+                          "current": current, "steps": args.steps, "repeats": args.repeats,
                           "load_before": load_before, "load_after": load_average(), "rows": rows,
                           "summary": [summary(r) for r in rows], "table": text})
     print("plot:", plot(rows, args.baseline, str(Path(args.out).with_suffix(".png"))))
