@@ -10,6 +10,7 @@ benchmark.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -80,12 +82,18 @@ def exported_revision(rev: str) -> Iterator[Path]:
     (git's message in ``stderr``) for a revision this clone does not have."""
     target = Path(tempfile.mkdtemp(prefix="epipe-rev-"))
     try:
-        archive = subprocess.run(["git", "archive", rev, "lightning_epipe", "benchmarks"], cwd=ROOT, check=True,
-                                 capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True, capture_output=True)
+        unpack_revision(rev, target, ["lightning_epipe", "benchmarks"])
         yield target
     finally:
         shutil.rmtree(target, ignore_errors=True)
+
+
+def unpack_revision(rev: str, target: Path, paths: Sequence[str]) -> None:
+    """Write ``paths`` (directories of this repository) as they are at git revision ``rev``
+    under ``target``. Raises CalledProcessError for a revision this clone does not have."""
+    archive = subprocess.run(["git", "archive", rev, *paths], cwd=ROOT, check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(target, filter="data")
 
 
 def commit_of(rev: str) -> str:

@@ -31,7 +31,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    axes, commit_of, exported_revision, finish, fmt, load_average, markdown_table, rep_ratios, run, this_tree,
+    ROOT, axes, commit_of, exported_revision, finish, fmt, load_average, markdown_table, rep_ratios, run, this_tree,
     write_json,
 )
 from benchmarks.engine import RATE, base  # noqa: E402
@@ -75,8 +75,7 @@ def measure(cells: list[dict], rev_root: Path, repeats: int, steps: int) -> list
     for rep in range(repeats):
         for row in rows:
             for engine in order(rep):
-                result = run(config(row, engine, steps), root=rev_root) if engine == "baseline" else run(
-                    config(row, engine, steps))
+                result = run(config(row, engine, steps), root=rev_root if engine == "baseline" else ROOT)
                 row[engine].append(result.get(RATE) or None)
                 if not result.get(RATE):
                     row["errors"].append(f"{engine}: {result.get('error')}")

@@ -29,7 +29,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from datetime import timedelta
@@ -37,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import axes, finish, load_average, markdown_table, write_json  # noqa: E402
+from benchmarks.common import axes, finish, load_average, markdown_table, unpack_revision, write_json  # noqa: E402
 
 CODECS = {"none": {}, "fp16": {}, "sortquant-8": {"bits": 8}}
 SHAPES = [(8, 128), (32, 512), (32, 1024)]
@@ -143,14 +142,8 @@ def measure(codec: str, rows: int, width: int, batches: int, packages: list[str]
 def export(rev: str) -> Path:
     """The package at ``rev`` as ``lightning_epipe_before`` in a temporary directory (its own
     absolute imports renamed), for ``PYTHONPATH``."""
-    root = Path(__file__).resolve().parent.parent
     target = Path(tempfile.mkdtemp(prefix="message-cost-"))
-    archive = subprocess.run(["git", "archive", rev, "lightning_epipe"], cwd=root, check=True, capture_output=True).stdout
-    with tempfile.TemporaryFile() as f:
-        f.write(archive)
-        f.seek(0)
-        with tarfile.open(fileobj=f) as tar:
-            tar.extractall(target, filter="data")
+    unpack_revision(rev, target, ["lightning_epipe"])
     (target / "lightning_epipe").rename(target / BEFORE)
     for path in (target / BEFORE).rglob("*.py"):
         path.write_text(path.read_text().replace("lightning_epipe", BEFORE))
