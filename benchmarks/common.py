@@ -201,12 +201,18 @@ def rep_ratios(values: Sequence[Optional[float]], baseline: Sequence[Optional[fl
     return [a / b for a, b in zip(values, baseline) if a and b]
 
 
+def median_of(values: Sequence[Optional[float]]) -> Optional[float]:
+    """The median of the values that exist (None and 0 are runs that failed); None if none do."""
+    done = [v for v in values if v]
+    return statistics.median(done) if done else None
+
+
 def median_spread(values: Sequence[Optional[float]], spec: str = ".2f", suffix: str = "") -> tuple[str, str]:
     """``("1.02x", "0.98-1.05")``: the median of the values that exist and their range (``"-"`` if none)."""
     done = [v for v in values if v]
     if not done:
         return "-", "-"
-    return fmt(statistics.median(done), spec, suffix), f"{min(done):{spec}}-{max(done):{spec}}"
+    return fmt(median_of(done), spec, suffix), f"{min(done):{spec}}-{max(done):{spec}}"
 
 
 def repeat_round(configs: dict, repeats: int, launch: Callable[[Any, int], dict]) -> dict:

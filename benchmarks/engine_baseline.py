@@ -23,16 +23,14 @@ changes move them. The machine's load average is printed with the table. Writes
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
-from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    ROOT, axes, commit_of, exported_revision, finish, fmt, load_average, markdown_table, rep_ratios, run, this_tree,
-    write_json,
+    ROOT, axes, commit_of, exported_revision, finish, fmt, load_average, markdown_table, median_of, rep_ratios, run,
+    this_tree, write_json,
 )
 from benchmarks.engine import RATE, base  # noqa: E402
 
@@ -87,14 +85,10 @@ def measure(cells: list[dict], rev_root: Path, repeats: int, steps: int) -> list
 def summary(row: dict) -> dict:
     """Medians, this tree / the baseline per repetition (median, spread, faster in how many),
     each EPipe / torch (median)."""
-    def median(values: list[Optional[float]]) -> Optional[float]:
-        done = [v for v in values if v]
-        return statistics.median(done) if done else None
-
     ratios = rep_ratios(row["current"], row["baseline"])
-    vs_torch = {e: median(rep_ratios(row[e], row["torch"])) for e in ("current", "baseline")}
-    return dict(baseline=median(row["baseline"]), current=median(row["current"]), torch=median(row["torch"]),
-                ratio=statistics.median(ratios) if ratios else None,
+    vs_torch = {e: median_of(rep_ratios(row[e], row["torch"])) for e in ("current", "baseline")}
+    return dict(baseline=median_of(row["baseline"]), current=median_of(row["current"]), torch=median_of(row["torch"]),
+                ratio=median_of(ratios),
                 spread=(min(ratios), max(ratios)) if ratios else None,
                 faster=sum(r > 1 for r in ratios), pairs=len(ratios),
                 current_vs_torch=vs_torch["current"], baseline_vs_torch=vs_torch["baseline"])
@@ -142,11 +136,12 @@ def main() -> None:
     args = parser.parse_args()
     cells = [parse_cell(c) for c in args.cells]
     load_before, current = load_average(), this_tree()  # the code the runs run
+    baseline_commit = commit_of(args.baseline)  # resolved once: the revision the runs run
     print(load_before, flush=True)
-    with exported_revision(args.baseline) as rev_root:
+    with exported_revision(baseline_commit) as rev_root:
         rows = measure(cells, rev_root, args.repeats, args.steps)
     text = table(rows, args.baseline)
-    write_json(args.out, {"baseline": args.baseline, "baseline_commit": commit_of(args.baseline),
+    write_json(args.out, {"baseline": args.baseline, "baseline_commit": baseline_commit,
                           "current": current, "steps": args.steps, "repeats": args.repeats,
                           "load_before": load_before, "load_after": load_average(), "rows": rows,
                           "summary": [summary(r) for r in rows], "table": text})

@@ -31,5 +31,5 @@ if __name__ == "__main__":
     try:
         scenario.main()
     except Exception as err:
-        print(f"{type(err).__name__} at {time.time():.6f}: {str(err).splitlines()[0] if str(err) else ''}", flush=True)
+        print(f"{type(err).__name__} at {time.time():.6f}: {(str(err).splitlines() or [''])[0]}", flush=True)
         raise  # its traceback may be cut short when the launcher kills the ranks, the line above is not
