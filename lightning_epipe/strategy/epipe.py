@@ -247,13 +247,12 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         if self._pipe_transport is None:  # kept across fit/validate/test: receives may be posted ahead
             self._transport, self._pipe_transport = create_transports(
                 self.layout, self.global_rank, self.root_device, self._groups, self.config.timeout,
-                self.config.verify_checksum, self.stats, self._backend)
+                self.config.verify_checksum, self.stats, self._backend, self.cluster_environment.main_address)
             if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
         nonfinite = "allow" if scaler is not None else self.config.nonfinite  # overflow is the GradScaler's to handle
         runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
-                                  nonfinite, self.config.checkpoint, assembly.bottlenecks,
-                                  with_sample_ids=self.config.delta is not None)
+                                  nonfinite, self.config.checkpoint, assembly.bottlenecks)
         self._checkpoint.attach(ckpt.CheckpointRank(
             self._transport, self.world_size, self.global_rank, self.root_device, module, assembly.pipeline_attr,
             None if self.is_client else tuple(plan.layers_of(self.pipeline_rank)), codecs, list(plan.balance),

@@ -54,8 +54,9 @@ def run_chain(batches: list, chunks: int, input_group_bytes: int | None, timeout
     groups = {(s.name, s.src, s.dst): str(s) for s in pipeline_streams("chain", 2)}
     runtimes, errors, outputs = {}, [], []
     for rank in (0, 1):
-        transport = Transport(rank, torch.device("cpu"), timedelta(seconds=timeout_s), groups=groups, control_group="control",
-                              backend=fabric.backend(rank))
+        timeout = timedelta(seconds=timeout_s)
+        transport = Transport(rank, torch.device("cpu"), timeout, groups=groups, control_group="control",
+                              backend=fabric.backend(rank), commands=fabric.commands(rank, timeout))
         codecs = CodecBook(resolve_specs("none", {}, plan.num_cuts, "a"), resolve_specs("none", {}, plan.num_cuts, "g"))
         runtimes[rank] = PipelineRuntime(plan, rank, make_layers(), transport, codecs, PipelineStats())
         if input_group_bytes is not None:

@@ -1,7 +1,8 @@
-"""Receives a server posts before the client sends: its next two commands, and on gloo the
-next step's first raw inputs, so that a message the client sends while the server still
-computes the step before leaves in the client's own send (on the in-memory fabric; the
-message-order tests run whole steps this way under both backends' rules)."""
+"""What reaches a server before it asks: the client's commands, on their own channel, and on
+gloo the next step's first raw inputs, whose receive the first stage posts ahead, so that a
+message the client sends while the server still computes the step before leaves in the
+client's own send (on the in-memory fabric; the message-order tests run whole steps this way
+under both backends' rules)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ from torch import nn
 from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import PeerError, Transport
-from lightning_epipe.strategy.comm.wire import Command, StepFlag, WireError
+from lightning_epipe.strategy.comm.wire import Command, StepFlag
 from lightning_epipe.strategy.compression.codec_book import CodecBook, resolve_specs
-from lightning_epipe.strategy.engine.runtime import COMMANDS_AHEAD, PipelineRuntime
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 from lightning_epipe.strategy.engine.stats import PipelineStats
 from lightning_epipe.strategy.planning.partition import plan_pipeline
 
 CHUNKS = 2
 
 
-def _pair(rule: str, with_sample_ids: bool = False, seconds: float = 5.0) -> tuple[MemoryFabric, list[PipelineRuntime]]:
+def _pair(rule: str, seconds: float = 5.0) -> tuple[MemoryFabric, list[PipelineRuntime]]:
     """A 2-process chain (client rank 0, the first stage on rank 1) on the in-memory fabric."""
     fabric = MemoryFabric(2, rule=rule)
     plan = plan_pipeline(4, 2, [2, 2], "chain")
@@ -33,57 +34,51 @@ def _pair(rule: str, with_sample_ids: bool = False, seconds: float = 5.0) -> tup
     groups = {(s.name, s.src, s.dst): str(s) for s in pipeline_streams("chain", 2)}
     runtimes = []
     for rank in (0, 1):
-        transport = Transport(rank, torch.device("cpu"), timedelta(seconds=seconds), groups=groups, control_group="c",
-                              backend=fabric.backend(rank))
+        timeout = timedelta(seconds=seconds)
+        transport = Transport(rank, torch.device("cpu"), timeout, groups=groups, control_group="c",
+                              backend=fabric.backend(rank), commands=fabric.commands(rank, timeout))
         specs = [resolve_specs("none", {}, plan.num_cuts, what) for what in ("activation", "gradient")]
-        runtimes.append(PipelineRuntime(plan, rank, layers, transport, CodecBook(*specs), PipelineStats(),
-                                        with_sample_ids=with_sample_ids))
+        runtimes.append(PipelineRuntime(plan, rank, layers, transport, CodecBook(*specs), PipelineStats()))
     return fabric, runtimes
 
 
-def test_a_server_keeps_two_command_receives_posted():
-    """Under NCCL's rule a send completes only once its receive is posted: after the server has
-    read BATCH_START, the client's FORWARD and FINISH_STEP both leave before it reads again."""
-    assert COMMANDS_AHEAD == 2
-    _, (client, server) = _pair("nccl", seconds=2.0)
+def test_commands_leave_at_once_and_take_no_message_of_the_process_groups():
+    """Under NCCL's rule a message completes only once its receive is posted; commands do not
+    wait for the server at all: a step's worth of them is sent while it reads none."""
+    fabric, (client, server) = _pair("nccl", seconds=2.0)
     client.command(Command.BATCH_START)
-    assert server.next_command().command == Command.BATCH_START
     client.begin_step(CHUNKS)
     client.command(Command.FORWARD, CHUNKS, flags=StepFlag.GRAD_ENABLED)
     client.command(Command.FINISH_STEP)
-    client.transport.flush()  # both sends complete with the server still away
+    client.transport.flush()
+    assert client.transport.sends_in_flight == 0 and fabric.log == []
+    assert server.next_command().command == Command.BATCH_START
     forward = server.next_command()
     assert forward.command == Command.FORWARD and forward.num_microbatches == CHUNKS
     server.begin_step(forward.num_microbatches)
     assert server.next_command().command == Command.FINISH_STEP
 
 
-def test_with_sample_ids_a_server_keeps_one_and_reads_them_after_forward():
-    _, (client, server) = _pair("nccl", with_sample_ids=True, seconds=2.0)
+def test_sample_ids_follow_their_forward_on_the_control_group():
+    fabric, (client, server) = _pair("nccl", seconds=2.0)
     client.begin_step(CHUNKS)
     client.command(Command.FORWARD, CHUNKS, flags=StepFlag.GRAD_ENABLED | StepFlag.SAMPLE_IDS)
     client.send_sample_ids(torch.arange(6), 100)
     client.command(Command.FINISH_STEP)
     forward = server.next_command()
+    # the ids' frame (after its first size notice) on the control group; FORWARD posted their receive
+    assert {group for *_, group, _ in fabric.log} == {"c"}
+    assert [(rank, op) for rank, op, *_ in fabric.log].count((1, "recv")) == 1
     server.begin_step(forward.num_microbatches)
     ids, num_samples = server.recv_sample_ids()
     assert torch.equal(ids, torch.arange(6)) and num_samples == 100
     assert server.next_command().command == Command.FINISH_STEP
     client.transport.flush()
-    _, (client, server) = _pair("nccl", with_sample_ids=True, seconds=0.5)
-    client.command(Command.BATCH_START)
-    assert server.next_command().command == Command.BATCH_START
-    client.command(Command.STOP)
-    client.command(Command.STOP)
-    with pytest.raises(PeerError):  # one receive posted: the second command waits for the server
-        client.transport.flush()
 
 
-def test_sample_ids_to_a_server_built_without_them_are_an_error_that_says_so():
-    _, (client, server) = _pair("gloo")
-    client.begin_step(CHUNKS)
-    client.command(Command.FORWARD, CHUNKS, flags=StepFlag.GRAD_ENABLED | StepFlag.SAMPLE_IDS)
-    with pytest.raises(WireError, match="with_sample_ids=True"):
+def test_a_server_waiting_for_a_command_that_never_comes_says_so_within_the_timeout():
+    _, (client, server) = _pair("gloo", seconds=0.3)
+    with pytest.raises(PeerError, match=r"rank 1: rank 0 sent nothing for .* next command after step 0"):
         server.next_command()
 
 

@@ -132,7 +132,8 @@ def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas
             layers = copy.deepcopy(base)
             groups = {(s.name, s.src, s.dst): f"{offset}:{s}" for s in pipeline_streams(placement, size)}
             transport = Transport(prank, torch.device("cpu"), timedelta(seconds=timeout), offset=offset, groups=groups,
-                                  control_group="control", backend=fabric.backend(rank))
+                                  control_group="control", backend=fabric.backend(rank),
+                                  commands=fabric.commands(rank, timedelta(seconds=timeout)))
             codecs = CodecBook(resolve_specs("none", {}, plan.num_cuts, "a"), resolve_specs("none", {}, plan.num_cuts, "g"))
             runtime = PipelineRuntime(plan, prank, layers, transport, codecs, PipelineStats())
             stages = nn.ModuleList(runtime.stages.values())

@@ -13,10 +13,12 @@ completion rule of the backend chosen:
 - ``"gloo"``: sends are buffered; a receive completes once a send from its peer on the
   same group and tag has been posted (FIFO per group, tag and direction).
 
-Sizes must match exactly, as on NCCL and gloo. Example::
+Sizes must match exactly, as on NCCL and gloo. Commands travel as on their TCP
+connections (``command_channel``): buffered, in order per pair of ranks. Example::
 
     fabric = MemoryFabric(world_size=2, rule="nccl")
-    transport = Transport(rank, torch.device("cpu"), timeout, backend=fabric.backend(rank), groups=...)
+    transport = Transport(rank, torch.device("cpu"), timeout, backend=fabric.backend(rank), groups=...,
+                          commands=fabric.commands(rank, timeout))
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from torch import Tensor
 
 from lightning_epipe.strategy.comm.transport import P2PBackend
 
-__all__ = ["MemoryFabric"]
+__all__ = ["MemoryFabric", "MemoryCommands"]
 
 
 @dataclass(eq=False)
@@ -84,6 +86,11 @@ class MemoryFabric:
         # per (stream, rank): that rank's operations on the stream not yet completed, in posting order
         self._streams: dict[tuple[Hashable, int], deque[_Op]] = defaultdict(deque)
         self.log: list[tuple[int, str, int, Hashable, int]] = []  # (rank, "send"|"recv", peer, group, bytes) as posted
+        self.command_queues: dict[tuple[int, int], deque[bytes]] = defaultdict(deque)  # (src, dst) -> commands sent, unread
+
+    def commands(self, rank: int, timeout: timedelta) -> "MemoryCommands":
+        """The command channel of ``rank``, for ``Transport(commands=...)``."""
+        return MemoryCommands(self, rank, timeout)
 
     def backend(self, rank: int) -> P2PBackend:
         """The point-to-point primitives of ``rank``, for ``Transport(backend=...)``."""
@@ -146,3 +153,34 @@ class MemoryFabric:
         else:
             recv.tensor.copy_(send.tensor)
         send.done = recv.done = True
+
+
+class MemoryCommands:
+    """One rank's commands on the fabric, as on their TCP connections: a send never waits, a
+    read waits for the peer's next one, bounded by ``timeout``."""
+
+    def __init__(self, fabric: MemoryFabric, rank: int, timeout: timedelta) -> None:
+        self.fabric, self.rank, self.seconds = fabric, rank, timeout.total_seconds()
+
+    def send(self, peer: int, data: bytes) -> None:
+        fabric = self.fabric
+        with fabric.cond:
+            if fabric.failed is not None:
+                raise ConnectionResetError(f"Connection reset: {fabric.failed}")
+            fabric.command_queues[(self.rank, peer)].append(bytes(data))
+            fabric.cond.notify_all()
+
+    def recv(self, peer: int, nbytes: int) -> bytes:
+        fabric = self.fabric
+        queue = fabric.command_queues[(peer, self.rank)]
+        with fabric.cond:
+            if not fabric.cond.wait_for(lambda: queue or fabric.failed is not None, self.seconds):
+                fabric.failed = f"rank {self.rank} stalled on a command from rank {peer}"
+                fabric.cond.notify_all()
+                raise TimeoutError(f"Timed out: rank {self.rank} waited {self.seconds} s for a command from rank {peer}")
+            if not queue:
+                raise ConnectionResetError(f"Connection reset: {fabric.failed}")
+            data = queue.popleft()
+        if len(data) != nbytes:
+            raise ConnectionError(f"a command of {len(data)} bytes where {nbytes} were expected")
+        return data

@@ -1,5 +1,6 @@
 """The process groups behind the streams (``streams.py``): one per stream, one for control,
-one per stage across replicas; and the transports over them.
+one per stage across replicas; and the transports over them, the pipeline's with its
+command connections (``command_channel.py``).
 
 A collective: every rank of the world creates every group, in the same order.
 """
@@ -13,6 +14,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from lightning_epipe.strategy.comm.command_channel import connect_commands
 from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import Transport
@@ -50,12 +52,17 @@ def create_groups(layout: ReplicaLayout, placement: str, rank: int, backend: str
 
 
 def create_transports(layout: ReplicaLayout, global_rank: int, device: torch.device, groups: PipelineGroups,
-                      timeout: timedelta, verify_checksum: bool, stats: PipelineStats, backend: str) -> tuple[Transport, Transport]:
-    """``(global, pipeline)`` transports: the first speaks in global ranks (checkpoint state over the
-    control group), the second in this pipeline's ranks (the training's messages)."""
+                      timeout: timedelta, verify_checksum: bool, stats: PipelineStats, backend: str,
+                      main_address: Optional[str]) -> tuple[Transport, Transport]:
+    """``(global, pipeline)`` transports (a collective: every rank of the world): the first speaks in
+    global ranks (checkpoint state over the control group), the second in this pipeline's ranks (the
+    training's messages; commands on connections of their own). ``main_address``: the rendezvous
+    host (``MASTER_ADDR``), which the command connections take their route from."""
     host, control = torch.device("cpu"), groups.control
+    prank, offset = layout.pipeline_rank(global_rank), layout.offset(global_rank)
+    commands = connect_commands(prank, layout.size, offset, global_rank, control, timeout, main_address)
     world = Transport(global_rank, device, timeout, verify_checksum, stats, control_group=control, control_device=host)
-    pipeline = Transport(layout.pipeline_rank(global_rank), device, timeout, verify_checksum, stats,
-                         offset=layout.offset(global_rank), groups=groups.streams, control_group=control, control_device=host,
+    pipeline = Transport(prank, device, timeout, verify_checksum, stats, offset=offset, groups=groups.streams,
+                         control_group=control, control_device=host, commands=commands,
                          host_staged=backend == "gloo")  # gloo carries host memory only
     return world, pipeline

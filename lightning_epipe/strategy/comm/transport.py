@@ -61,11 +61,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_epipe.strategy.comm.command_channel import CommandChannel
 from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, Arrivals, Transfer, TransferWindow
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.comm.streams import CONTROL, stream_name
-from lightning_epipe.strategy.comm.wire import (HEADER_NBYTES, RESIZE_BIT, Flag, Header, Kind, WireError, checksum,
-                                                host_checksum)
+from lightning_epipe.strategy.comm.wire import (HEADER_NBYTES, RESIZE_BIT, Command, Flag, Header, Kind, WireError,
+                                                checksum, host_checksum)
 
 __all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND", "frame_capacity"]
 
@@ -205,9 +206,10 @@ class Transport:
     Ranks are counted from ``offset``: a pipeline replica whose ranks are global ranks
     ``offset .. offset + size - 1`` talks in its own ranks ``0 .. size - 1``; messages and
     errors name global ranks. ``groups`` maps ``(stream name, src, dst)`` (pipeline ranks)
-    to the process group of that stream; ``control_group`` carries commands, sample ids and
-    checkpoint state, in host memory on ``control_device``. A stream without a group uses
-    the default group.
+    to the process group of that stream; ``control_group`` carries sample ids and checkpoint
+    state, in host memory on ``control_device``, and commands too unless ``commands`` carries
+    them (``command_channel``: a plain connection per client-server pair). A stream without a
+    group uses the default group.
     """
 
     def __init__(
@@ -223,6 +225,7 @@ class Transport:
         control_device: Optional[torch.device] = None,
         backend: P2PBackend = DIST_BACKEND,
         host_staged: bool = False,
+        commands: Optional[CommandChannel] = None,
     ) -> None:
         self.rank = rank
         self.offset = offset
@@ -234,6 +237,7 @@ class Transport:
         self.groups = dict(groups or {})
         self.control_group = control_group
         self.backend = backend
+        self.commands = commands  # the client's commands (CONTROL headers) to and from peers, off the process groups
         self.host_staged = host_staged and device.type != "cpu"
         self.wire_device = torch.device("cpu") if self.host_staged else device
         self._completes_unwaited = backend.completes_unwaited(self.wire_device)  # else sends are timed when flushed
@@ -276,6 +280,8 @@ class Transport:
         returns the bytes it put on the wire: the frame's, padding included, and a size notice's
         when one goes first. ``prefix``: bytes that lead the payload in the frame (a packet's
         header), so an encoded tensor is copied once on its way out: into its frame."""
+        if header.kind == Kind.CONTROL and self.commands is not None:
+            return self._send_command(peer, header)
         name, group, device = self._route(header.kind, self.rank, peer)
         if payload is not None and (payload.dtype != torch.uint8 or payload.dim() != 1):
             raise TypeError(f"payload must be a 1-D uint8 tensor, got {payload.dtype} {tuple(payload.shape)}")
@@ -306,6 +312,14 @@ class Transport:
         self._post(frame, peer, group, header, None if name == CONTROL else LinkKey("send", peer, name), resized,
                    RESIZED_TAG if resized and self._tagged else 0)
         return nbytes + (expected if resized else 0)
+
+    def _send_command(self, peer: int, header: Header) -> int:
+        """A command: its bare header on the command channel."""
+        try:
+            self.commands.send(self.offset + peer, header.framed(0).to_bytes())
+        except OSError as err:
+            raise self._peer_error(err, peer, f"the send of command {_command_name(header)}") from err
+        return HEADER_NBYTES
 
     def _fill_host_frame(self, buf: numpy.ndarray, prefix: bytes, payload: Optional[Tensor], size: int) -> int:
         """Write ``prefix + payload`` (``size`` bytes, host memory) after the header of the host
@@ -403,8 +417,7 @@ class Transport:
         on a stream ahead of the message read next (:meth:`prepost`'s ``behind``)."""
         return self._tagged
 
-    def prepost(self, peer: int, kind: int, microbatch: int = 0, index: int = 0, behind: bool = False,
-                ahead: int = 1) -> None:
+    def prepost(self, peer: int, kind: int, microbatch: int = 0, index: int = 0, behind: bool = False) -> None:
         """Post the receive of the next message from ``peer`` on ``kind``'s stream now, so it
         lands while this rank computes (no-op if that stream already has one posted).
 
@@ -414,18 +427,12 @@ class Transport:
         caller posts in the stream's order. Only where the backend keeps tags apart (gloo):
         there a frame announced by a ``RESIZE`` notice travels on its own tag and can never
         land in a receive posted for a later message; elsewhere (NCCL) a stream holds one
-        posted receive at a time, and ``behind`` posts only on a stream with none.
-
-        ``ahead``: keep that many receives of this message posted, for a stream whose every
-        message is this one, in frames of one size (a server's commands from the client), so
-        that the next ones are written in their sender's own send, not when this rank reads."""
+        posted receive at a time, and ``behind`` posts only on a stream with none."""
         name, group, device = self._route(kind, peer, self.rank)
         key = _key(kind, microbatch, index)
         queue = self._posted.setdefault((name, peer), [])
         if not queue or (behind and self._tagged and all(p.key != key for p in queue)):
             queue.append(self._post_recv(name, group, device, peer, key))
-        if len(queue) < ahead and all(p.key == key for p in queue):
-            queue.extend(self._post_recv(name, group, device, peer, key) for _ in range(ahead - len(queue)))
 
     def _post_recv(self, name: str, group: Any, device: torch.device, peer: int, key: Key, tag: int = 0) -> _Posted:
         size = self._frame_sizes.get((name, peer, self.rank, key), HEADER_NBYTES)
@@ -437,6 +444,8 @@ class Transport:
         must match ``expect``. ``idle``: waiting for it is time between steps, not pipeline wait."""
         kind = expect["kind"]
         link = self.link(peer, outgoing=False)
+        if kind == Kind.CONTROL and self.commands is not None:
+            return self._recv_command(peer, what, idle, link, expect)
         name, group, device = self._route(kind, peer, self.rank)
         key = _key(kind, expect.get("microbatch", 0), expect.get("index", 0))
         queue = self._posted.get((name, peer))
@@ -477,25 +486,47 @@ class Transport:
             payload = payload.to(self.device, non_blocking=True)  # host-staged: onto the GPU, from pinned memory
         return Received(header, payload, nbytes)
 
+    def _recv_command(self, peer: int, what: str, idle: bool, link: str, expect: Mapping[str, int]) -> Received:
+        """The next command from ``peer`` on the command channel."""
+        start = time.perf_counter()
+        try:
+            data = self.commands.recv(self.offset + peer, HEADER_NBYTES)
+        except OSError as err:
+            raise self._peer_error(err, peer, what) from err
+        if not idle:
+            self.stats.wait_seconds += time.perf_counter() - start
+        header = Header.from_bytes(data, link)
+        header.expect(link, **expect)
+        return Received(header, None, HEADER_NBYTES)
+
+    def _peer_error(self, err: BaseException, peer: int, what: str) -> PeerError:
+        """What a failed wait on ``peer`` raises: which rank, what happened, what this rank waited for."""
+        self._pending.clear()
+        self._posted.clear()
+        peer, me = self.offset + peer, self.offset + self.rank  # errors name global ranks
+        text = str(err) or type(err).__name__
+        if isinstance(err, TimeoutError) or "Timed out" in text or "timed out" in text.lower():
+            cause = f"rank {peer} sent nothing for {self.timeout} (it stalled or died); raise EPipeStrategy(timeout=...) if its work is this slow"
+        elif (isinstance(err, ConnectionError) or "closed by peer" in text or "Connection reset" in text
+              or "Broken pipe" in text):
+            cause = f"rank {peer} closed the connection (it died or exited)"
+        else:
+            cause = f"the link to rank {peer} failed"
+        return PeerError(f"rank {me}: {cause} while waiting for {what}. ({text.splitlines()[0][:200]})")
+
     def _wait(self, work: Any, peer: int, what: str, blocking: bool) -> float:
         """Wait for ``work`` (bounded by the timeout); the seconds it took. ``blocking`` time counts
         as pipeline wait."""
         start = time.perf_counter()
-        peer, me = self.offset + peer, self.offset + self.rank  # errors name global ranks
         try:
             work.wait(self.timeout)
         except RuntimeError as err:
-            self._pending.clear()
-            self._posted.clear()
-            text = str(err)
-            if "closed by peer" in text or "Connection reset" in text or "Broken pipe" in text:
-                cause = f"rank {peer} closed the connection (it died or exited)"
-            elif "Timed out" in text or "timed out" in text.lower():
-                cause = f"rank {peer} sent nothing for {self.timeout} (it stalled or died); raise EPipeStrategy(timeout=...) if its work is this slow"
-            else:
-                cause = f"the link to rank {peer} failed"
-            raise PeerError(f"rank {me}: {cause} while waiting for {what}. ({text.splitlines()[0][:200]})") from err
+            raise self._peer_error(err, peer, what) from err
         waited = time.perf_counter() - start
         if blocking:
             self.stats.wait_seconds += waited
         return waited
+
+
+def _command_name(header: Header) -> str:
+    return Command(header.arg).name if header.arg in Command._value2member_map_ else str(header.arg)

@@ -187,6 +187,10 @@ class Header(NamedTuple):
         """The same into a host frame's bytes (a uint8 array)."""
         _HEADER.pack_into(buf, 0, *self.values())
 
+    def to_bytes(self) -> bytes:
+        """This header as the ``HEADER_NBYTES`` bytes of a frame (a command travels as nothing else)."""
+        return _HEADER.pack(*self.values())
+
     @classmethod
     def read(cls, frame: Tensor, link: str) -> "Header":
         """Parse the header at the front of a uint8 ``frame`` (a host sync where the frame is on an accelerator)."""
@@ -195,6 +199,11 @@ class Header(NamedTuple):
         if frame.device.type == "cpu":
             return cls.from_values(list(_HEADER.unpack_from(frame.numpy(), 0)), link)
         return cls.from_tensor(frame[:HEADER_NBYTES].view(torch.int64), link)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, link: str) -> "Header":
+        """Parse :meth:`to_bytes`' ``HEADER_NBYTES`` bytes."""
+        return cls.from_values(list(_HEADER.unpack(data)), link)
 
     @classmethod
     def from_tensor(cls, t: Tensor, link: str) -> "Header":

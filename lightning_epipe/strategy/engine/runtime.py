@@ -41,7 +41,7 @@ from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import (BARE_BIT, REQUIRES_GRAD_BIT, ClipAlgorithm, Command, Direction, Flag,
                                                 Header, Kind, StepFlag, WireError)
 
-__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GROUP_BYTES", "COMMANDS_AHEAD"]
+__all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GROUP_BYTES"]
 
 # Raw inputs (chain placement) cross to the first stage in few messages (``microbatch.input_groups``):
 # a batch of at most this many bytes (token ids, small features) as one message per tensor, split
@@ -50,13 +50,6 @@ __all__ = ["PipelineRuntime", "NonFiniteActivation", "ControlMessage", "INPUT_GR
 # message's fixed cost (a gloo rendezvous, the frame, Python on both ends) is paid a few times a
 # step instead of once per micro-batch.
 INPUT_GROUP_BYTES = 256 * 1024
-
-# A server keeps this many receives of the client's commands posted (one where the client sends
-# each step's sample ids after its FORWARD): the client sends a step's BATCH_START and FORWARD
-# while a server may still be in the step before, and a message whose receive is not posted
-# yet leaves only once the receiver has posted it and the sender's gloo I/O thread has woken
-# up to write it, on the critical path of a pipeline with few micro-batches.
-COMMANDS_AHEAD = 2
 
 
 def _finite(t: Tensor) -> bool:
@@ -132,7 +125,6 @@ class PipelineRuntime:
         nonfinite: str = "raise",
         checkpoint: str = "never",
         bottlenecks: Optional[dict[int, BottleneckPair]] = None,
-        with_sample_ids: bool = False,
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -153,9 +145,6 @@ class PipelineRuntime:
         self.microbatches_run = 0  # micro-batches of every step begun so far (auto's compute per micro-batch)
         self.samples: dict[tuple[str, int], Tensor] = {}  # (direction, cut) -> last tensor sent on an auto link
         self.sample_ids: Optional[list[Tensor]] = None  # [b] dataset indices per micro-batch (delta compression)
-        # server: command receives kept posted, so that a command the client sends while this rank
-        # still computes leaves in the client's own send (one: a step's sample ids may follow)
-        self._commands_ahead = 1 if with_sample_ids else COMMANDS_AHEAD
         self.num_samples = 0
         self._saved: dict[tuple[int, int], _Saved] = {}
         self._tensors_per_microbatch: dict[tuple[int, int], int] = {}  # (kind, peer) -> as in its last message
@@ -218,14 +207,8 @@ class PipelineRuntime:
         if h.arg not in Command._value2member_map_:
             raise WireError(f"{self.transport.link(0, False)}: unknown command {h.arg}")
         command = Command(h.arg)
-        sample_ids = command == Command.FORWARD and h.flags & StepFlag.SAMPLE_IDS
-        if not sample_ids:  # what the client sends next
-            self.transport.prepost(0, Kind.CONTROL, ahead=self._commands_ahead)
-        elif self._commands_ahead == 1:
-            self.transport.prepost(0, Kind.SAMPLES)
-        else:
-            raise WireError(f"{self.transport.link(0, False)}: the client sends sample ids (delta compression) to a"
-                            " rank that keeps command receives posted ahead: build it with with_sample_ids=True")
+        if command == Command.FORWARD and h.flags & StepFlag.SAMPLE_IDS:
+            self.transport.prepost(0, Kind.SAMPLES)  # they follow
         expected = self.step + 1 if command == Command.FORWARD else self.step
         if h.step != expected:
             raise WireError(
@@ -248,7 +231,6 @@ class PipelineRuntime:
         got = self.transport.recv(0, f"sample ids of step {self.step}", kind=Kind.SAMPLES, step=self.step)
         if got.payload is None or got.payload.numel() % 8:
             raise WireError(f"{self.transport.link(0, False)}: sample ids of step {self.step}: payload is not int64")
-        self.transport.prepost(0, Kind.CONTROL)
         return got.payload.view(torch.int64).clone(), got.header.arg
 
     def begin_step(self, num_microbatches: int, sample_ids: Optional[list[Tensor]] = None, num_samples: int = 0) -> None:

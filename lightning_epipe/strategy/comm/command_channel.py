@@ -1,0 +1,178 @@
+"""The client's commands to its servers, on one plain TCP connection per server.
+
+A command (``FORWARD``, ``FINISH_STEP``, ``BATCH_START``, ...) is a bare 96-byte
+:class:`~lightning_epipe.strategy.comm.wire.Header`, three or more of them per server and
+step. On gloo every message is a rendezvous: the receiver posts its buffer and tells the
+sender so (a write on the connection, read by the sender's I/O thread), the sender writes,
+the receiver's I/O thread reads and wakes the thread that waits; four thread wake-ups on two
+processes for 96 bytes, on the critical path of a pipeline with few micro-batches. Here a
+command is one ``send`` on the client and one blocking ``recv`` on the server: nothing to post,
+no I/O thread. The data streams, sample ids and checkpoint state stay on the process groups.
+
+Connections (:func:`connect_commands`, every rank of the world together, once per process):
+each pipeline's client listens on an ephemeral port of the address its machine reaches the
+rendezvous host (``MASTER_ADDR``) from (:func:`advertised_host`); one all-gather on the
+control group tells every rank every client's address; each server connects to its client
+and names itself (:data:`HELLO`). Like gloo's own connections, this needs the ports between
+the machines open.
+
+Errors: a read or write that waits past the timeout raises :class:`TimeoutError`, a peer that
+closed its end :class:`ConnectionError` (both ``OSError``); the transport turns them into a
+``PeerError`` that names the peer.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from datetime import timedelta
+from typing import Any, Optional, Protocol
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["CommandChannel", "SocketCommands", "connect_commands", "advertised_host", "ADDRESS_BYTES"]
+
+#: What a server sends first on its connection: a magic number and its global rank.
+HELLO = struct.Struct("=qq")
+_HELLO_MAGIC = 0x45504950434D44  # "EPIPCMD"
+#: The bytes of one client's "host port" in the all-gather (a zero-padded ASCII string).
+ADDRESS_BYTES = 128
+
+
+class CommandChannel(Protocol):
+    """Fixed-size messages between ranks (global ranks), in order per pair, every wait bounded."""
+
+    def send(self, peer: int, data: bytes) -> None:
+        """Send ``data`` to ``peer``; raises ``OSError`` if the peer is gone."""
+
+    def recv(self, peer: int, nbytes: int) -> bytes:
+        """The next ``nbytes`` from ``peer``; ``TimeoutError`` past the timeout, ``ConnectionError`` if it closed."""
+
+
+class SocketCommands:
+    """One TCP connection per peer (global rank -> socket), Nagle off, every call bounded by ``timeout``."""
+
+    def __init__(self, connections: dict[int, socket.socket], timeout: timedelta) -> None:
+        self.connections = connections
+        for conn in connections.values():
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.settimeout(timeout.total_seconds())
+
+    def send(self, peer: int, data: bytes) -> None:
+        self.connections[peer].sendall(data)
+
+    def recv(self, peer: int, nbytes: int) -> bytes:
+        return _read_exactly(self.connections[peer], nbytes)
+
+    def close(self) -> None:
+        for conn in self.connections.values():
+            conn.close()
+        self.connections = {}
+
+
+def _read_exactly(conn: socket.socket, nbytes: int) -> bytes:
+    """``nbytes`` from ``conn`` (a command almost always arrives in one piece)."""
+    data = conn.recv(nbytes)
+    if len(data) == nbytes:
+        return data
+    buf = bytearray(data)
+    while len(buf) < nbytes:
+        more = conn.recv(nbytes - len(buf))
+        if not more:
+            raise ConnectionResetError("the connection was closed by peer")
+        buf += more
+    return bytes(buf)
+
+
+def advertised_host(main_address: Optional[str]) -> str:
+    """The address of this machine that the other machines of the job reach it at: the local
+    end of its route to the rendezvous host ``main_address`` (the loopback address when that
+    is this machine's loopback, or when no route is known).
+
+        >>> advertised_host("127.0.0.1"), advertised_host("localhost"), advertised_host(None)
+        ('127.0.0.1', '127.0.0.1', '127.0.0.1')
+    """
+    if not main_address or main_address == "localhost":
+        return "127.0.0.1"
+    try:
+        if ipaddress.ip_address(main_address).is_loopback:
+            return main_address
+    except ValueError:  # a host name: resolved below
+        pass
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(main_address, 1, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:  # UDP: connect only picks the route, sends nothing
+            probe.connect(sockaddr)
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def _address_record(host: str, port: int) -> torch.Tensor:
+    text = f"{host} {port}".encode()
+    if len(text) > ADDRESS_BYTES:
+        raise ValueError(f"address {text!r} longer than {ADDRESS_BYTES} bytes")
+    record = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
+    record[:len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    return record
+
+
+def _parse_record(record: torch.Tensor) -> tuple[str, int]:
+    host, port = bytes(record.numpy()).rstrip(b"\0").decode().rsplit(" ", 1)
+    return host, int(port)
+
+
+def connect_commands(pipeline_rank: int, size: int, offset: int, global_rank: int, control_group: Any,
+                     timeout: timedelta, main_address: Optional[str]) -> Optional[SocketCommands]:
+    """This rank's command connections (a collective over ``control_group``, every rank of the
+    world): a client's to each of its ``size - 1`` servers (global ranks ``offset + 1 ..``), a
+    server's to its client; ``None`` for a pipeline of one rank."""
+    listener = None
+    record = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
+    if pipeline_rank == 0 and size > 1:
+        host = advertised_host(main_address)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, 0), family=family, backlog=size)
+        record = _address_record(host, listener.getsockname()[1])
+    records = [torch.zeros_like(record) for _ in range(dist.get_world_size(control_group))]
+    dist.all_gather(records, record, group=control_group)
+    if size == 1:
+        return None
+    if listener is not None:
+        with listener:
+            return SocketCommands(_accept_servers(listener, set(range(offset + 1, offset + size)), timeout), timeout)
+    host, port = _parse_record(records[offset])
+    try:
+        conn = socket.create_connection((host, port), timeout=timeout.total_seconds())
+        conn.sendall(HELLO.pack(_HELLO_MAGIC, global_rank))
+    except OSError as err:
+        raise ConnectionError(f"rank {global_rank}: could not reach its pipeline's client, rank {offset}, for commands at"
+                              f" {host}:{port} ({err}); the machines must reach each other on any TCP port, as gloo's"
+                              " own connections do") from err
+    return SocketCommands({offset: conn}, timeout)
+
+
+def _accept_servers(listener: socket.socket, expected: set[int], timeout: timedelta) -> dict[int, socket.socket]:
+    """The connection of every server in ``expected`` (global ranks), each named by its hello;
+    a connection that is not one of them is closed."""
+    connections: dict[int, socket.socket] = {}
+    listener.settimeout(timeout.total_seconds())
+    while len(connections) < len(expected):
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError as err:
+            missing = sorted(expected - set(connections))
+            raise TimeoutError(f"ranks {missing} did not connect for the pipeline's commands within {timeout}") from err
+        conn.settimeout(timeout.total_seconds())
+        try:
+            magic, rank = HELLO.unpack(_read_exactly(conn, HELLO.size))
+        except (OSError, struct.error):
+            conn.close()
+            continue
+        if magic != _HELLO_MAGIC or rank not in expected or rank in connections:
+            conn.close()
+            continue
+        connections[rank] = conn
+    return connections
