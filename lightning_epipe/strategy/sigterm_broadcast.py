@@ -1,4 +1,4 @@
-"""Lightning's per-step SIGTERM broadcast, carried by the pipeline's control stream.
+"""Lightning's per-step SIGTERM broadcast, carried by the pipeline's commands.
 
 Lightning (2.5 and later) starts every training batch with a ``torch.distributed.broadcast``
 of rank 0's SIGTERM flag (``_TrainingEpochLoop._broadcast_sigterm_tensor``) so that every
@@ -11,9 +11,8 @@ few micro-batches, it takes longer than a message (traced with the broadcast in 
 benchmarks/README.md, section 0).
 
 :class:`StepStartSignal` replaces the method on every rank of a pipeline while fitting. The
-client sends each server ``BATCH_START`` on the control stream (or ``STOP`` once SIGTERM
-came), a message the server has had a receive posted for since its last command; a server
-reads it where Lightning would broadcast, and stops there on ``STOP``. Every rank thus stops
+client sends each server ``BATCH_START`` on its command connection (or ``STOP`` once SIGTERM
+came), a send that waits for nothing; a server reads it where Lightning would broadcast, and stops there on ``STOP``. Every rank thus stops
 before the same batch, before any hook of it (``on_train_batch_start`` may hold a collective:
 ``compressor="auto"``'s), and no rank waits in a collective between steps. With
 ``replicas > 1`` the clients of the replicas still agree on rank 0's flag by a broadcast

@@ -2,7 +2,7 @@
 
 Servers (pipeline ranks > 0) never run user code. Lightning calls their ``training_step``
 (and the other step hooks) once per batch as on the client; inside it, :func:`serve_step`
-reads the client's commands from the control stream and drives this rank's
+reads the client's commands (``comm/command_channel``) and drives this rank's
 :class:`~lightning_epipe.strategy.engine.runtime.PipelineRuntime`:
 
 =================  ===========================================================
