@@ -39,7 +39,6 @@ from typing_extensions import override
 from lightning_epipe.strategy import checkpoint_state as ckpt
 from lightning_epipe.strategy.assembly import RankAssembly, assemble, check_setup, give_back
 from lightning_epipe.strategy.comm.collectives import agree, broadcast_plain, start_process_group
-from lightning_epipe.strategy.forward_ahead import ForwardAhead
 from lightning_epipe.strategy.comm.stream_groups import PipelineGroups, create_groups, create_transports
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.compression.auto_tuner import AutoTuner
@@ -128,7 +127,6 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         self.stats = PipelineStats()
         self._assembly: Optional[RankAssembly] = None  # this rank's part of the pipeline, after setup
         self._step_start: Optional[StepStartSignal] = None
-        self._forward_ahead: Optional[ForwardAhead] = None  # servers while fitting: the next forward as a batch ends
         self._transport: Optional[Transport] = None  # global ranks: checkpoint state
         self._pipe_transport: Optional[Transport] = None  # this pipeline's ranks: the training's messages
         self._groups: Optional[PipelineGroups] = None
@@ -270,10 +268,6 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
                                                     trainer.state.fn == TrainerFn.FITTING, clients)
         if not any(isinstance(cb, CallbackMetricsSync) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, CallbackMetricsSync(self.root_device))
-        if trainer.state.fn == TrainerFn.FITTING and not self.is_client:  # first of all callbacks
-            self._forward_ahead = ForwardAhead(lambda: self._steps.after_training_batch(
-                self.precision_plugin.train_step_context()))
-            self._forward_ahead.install(trainer)
         if self.is_client:
             log.info("EPipeStrategy plan: balance=%s ranks=%s codecs=%s", plan.balance, plan.stage_ranks, self.compressor_description())
 
@@ -407,9 +401,6 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         if self._step_start is not None:
             self._step_start.uninstall(wait=not self._failed)
             self._step_start = None
-        if self._forward_ahead is not None and module is not None and module._trainer is not None:
-            self._forward_ahead.uninstall(module._trainer)
-        self._forward_ahead = None
         if module is not None and self._rank_steps is not None:
             fitted = module._trainer is not None and module._trainer.state.fn == TrainerFn.FITTING and not self._failed
             give_back(module, self._assembly, fitted, self._transport, self.world_size, self._checkpoint.owned_state())

@@ -1,22 +1,16 @@
 """What reaches a server before it asks: the client's commands, on their own channel, and on
 gloo the next step's first raw inputs, whose receive the first stage posts ahead, so that a
 message the client sends while the server still computes the step before leaves in the
-client's own send; and what a server does with a step the client has begun before the server
-finished the last one: its forward, right after the optimizer step (on the in-memory fabric;
-the message-order tests run whole steps this way under both backends' rules)."""
+client's own send (on the in-memory fabric; the message-order tests run whole steps this way
+under both backends' rules)."""
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import threading
-import time
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 import torch
-from lightning.pytorch import Callback
 from torch import nn
 
 from lightning_epipe.strategy.comm.memory_backend import MemoryFabric
@@ -25,9 +19,7 @@ from lightning_epipe.strategy.comm.transport import PeerError, Transport
 from lightning_epipe.strategy.comm.wire import Command, StepFlag
 from lightning_epipe.strategy.compression.codec_book import CodecBook, resolve_specs
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, forward_ahead, serve_step
 from lightning_epipe.strategy.engine.stats import PipelineStats
-from lightning_epipe.strategy.forward_ahead import ForwardAhead
 from lightning_epipe.strategy.planning.partition import plan_pipeline
 
 CHUNKS = 2
@@ -90,73 +82,6 @@ def test_a_server_waiting_for_a_command_that_never_comes_says_so_within_the_time
         server.next_command()
 
 
-def _train(client: PipelineRuntime, xs: list[torch.Tensor]) -> None:
-    """The client's side of a training step per ``x``: BATCH_START, the forward, FINISH_STEP,
-    the backward (loss: the outputs' mean square), SGD on its stage."""
-    for x in xs:
-        client.command(Command.BATCH_START)
-        client.begin_step(CHUNKS)
-        client.command(Command.FORWARD, CHUNKS, flags=StepFlag.GRAD_ENABLED)
-        loss = torch.cat(client.forward(list(x.chunk(CHUNKS)))).pow(2).mean()
-        client.command(Command.FINISH_STEP)
-        client.prepost_gradients()
-        loss.backward()
-        client.backward()
-        _sgd(client.stages[1])
-    client.transport.flush()
-
-
-def _sgd(module: nn.Module) -> None:
-    with torch.no_grad():
-        for p in module.parameters():
-            p -= 0.1 * p.grad
-            p.grad = None
-
-
-def test_a_server_runs_the_next_forward_after_its_optimizer_step_once_the_client_has_begun_it():
-    """forward_ahead: with the client's next BATCH_START and FORWARD arrived, the server's forward
-    runs before its next training step is served, which then finds it done; the weights after
-    two steps are those of one process."""
-    _, (client, server) = _pair("gloo")
-    reference = copy.deepcopy(nn.Sequential(*server.stages[0], *client.stages[1]))
-    xs = [torch.randn(6, 4, generator=torch.Generator().manual_seed(i)) for i in range(2)]
-    thread = threading.Thread(target=_train, args=(client, xs))
-    thread.start()
-    hooks = ServerHooks(after_backward=lambda: None, optimizer_step=None, set_gradients_aside=contextlib.nullcontext,
-                        clip_gradients=None)
-    ran_ahead = []
-    for step in (1, 2):
-        assert server.next_command().command == Command.BATCH_START
-        assert serve_step(server, hooks, training=True) is StepEnd.FINISHED and server.forwarded_ahead == 0
-        server.backward()
-        _sgd(server.stages[0])
-        if step == 1:
-            deadline = time.monotonic() + 5
-            while len(server.read_commands_ahead(2)) < 2 and time.monotonic() < deadline:
-                time.sleep(0.001)
-            ran_ahead.append(forward_ahead(server, contextlib.nullcontext()))
-            assert server.forwarded_ahead == 2
-    thread.join(timeout=10)
-    assert not thread.is_alive() and ran_ahead == [True]
-    for x in xs:
-        reference(x).pow(2).mean().backward()
-        _sgd(reference)
-    trained = [*server.stages[0].parameters(), *client.stages[1].parameters()]
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(trained, reference.parameters()))
-
-
-def test_a_server_leaves_a_step_start_without_its_forward_to_its_training_step():
-    """Only BATCH_START there (the client in a collective of its batch-start hooks): no forward
-    ahead, and the command is still the server's next."""
-    _, (client, server) = _pair("gloo")
-    client.command(Command.BATCH_START)
-    deadline = time.monotonic() + 5
-    while not server.transport.command_ready(0) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    assert not forward_ahead(server, contextlib.nullcontext()) and server.forwarded_ahead == 0
-    assert server.next_command().command == Command.BATCH_START
-
-
 def _steps(client: PipelineRuntime, server: PipelineRuntime, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Forwards of each ``x`` through both ranks, the server (first stage) on a thread of its own."""
 
@@ -201,16 +126,3 @@ def test_the_next_steps_first_inputs_are_posted_once_this_steps_last_ones_are_re
     assert ops.count((1, "recv")) - ops.count((0, "send")) == ahead  # one receive waits for step 4's inputs
     if ahead:
         assert ops[-1] == (1, "recv")
-
-
-def test_forward_ahead_goes_first_among_the_callbacks_and_leaves_at_teardown():
-    calls = []
-    others = [Callback(), Callback()]
-    trainer = SimpleNamespace(callbacks=list(others))
-    hook = ForwardAhead(lambda: calls.append("after batch"))
-    hook.install(trainer)
-    assert trainer.callbacks == [hook, *others]
-    hook.on_train_batch_end(trainer, None, None, None, 0)
-    assert calls == ["after batch"]
-    hook.uninstall(trainer)
-    assert trainer.callbacks == others

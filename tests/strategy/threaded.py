@@ -25,7 +25,7 @@ from lightning_epipe.strategy.engine.microbatch import batch_size, scatter
 from lightning_epipe.strategy.planning.partition import plan_pipeline
 from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, forward_ahead, serve_step
+from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step
 from lightning_epipe.strategy.engine.stats import PipelineStats
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import Transport
@@ -71,7 +71,6 @@ def _client(runtime: PipelineRuntime, stages: nn.Module, batches, chunks: int, s
             open_ends: list[tuple[int, int]]) -> None:
     for x, y in batches:
         microbatches, targets = scatter(x, chunks), scatter(y, chunks)
-        runtime.command(Command.BATCH_START)
         runtime.begin_step(len(microbatches))
         flags = StepFlag.GRAD_ENABLED | (StepFlag.ONE_F_ONE_B if schedule == "1f1b" else 0)
         runtime.command(Command.FORWARD, len(microbatches), flags=flags)
@@ -100,18 +99,15 @@ def _no_clip(index: int, algorithm, value: float) -> None:
 
 
 def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int, open_ends: list[tuple[int, int]]) -> None:
-    """The strategy's own server loop; Lightning's part (backward, optimizer step) done by hand,
-    and after each optimizer step the next step's forward if the client has begun it."""
+    """The strategy's own server loop; Lightning's part (backward, optimizer step) done by hand."""
     hooks = ServerHooks(after_backward=lambda: None, optimizer_step=_no_optimizer_step,
                         set_gradients_aside=contextlib.nullcontext,  # 1F1B's gradients stay for the SGD below
                         clip_gradients=_no_clip)
     for _ in range(steps):
-        assert runtime.next_command().command == Command.BATCH_START  # where Lightning would broadcast
         assert serve_step(runtime, hooks, training=True) is StepEnd.FINISHED
         runtime.backward()
         open_ends.append(runtime.open_ends)
         _sgd(stages)
-        forward_ahead(runtime, contextlib.nullcontext())  # as EPipeStrategy.optimizer_step does
 
 
 def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas: int = 1, rule: str = "nccl",

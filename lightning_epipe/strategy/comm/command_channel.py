@@ -24,7 +24,6 @@ closed its end :class:`ConnectionError` (both ``OSError``); the transport turns 
 from __future__ import annotations
 
 import ipaddress
-import select
 import socket
 import struct
 from datetime import timedelta
@@ -51,9 +50,6 @@ class CommandChannel(Protocol):
     def recv(self, peer: int, nbytes: int) -> bytes:
         """The next ``nbytes`` from ``peer``; ``TimeoutError`` past the timeout, ``ConnectionError`` if it closed."""
 
-    def ready(self, peer: int, nbytes: int) -> bool:
-        """Whether ``nbytes`` from ``peer`` have arrived (:meth:`recv` returns them without waiting)."""
-
 
 class SocketCommands:
     """One TCP connection per peer (global rank -> socket), Nagle off, every call bounded by ``timeout``."""
@@ -69,11 +65,6 @@ class SocketCommands:
 
     def recv(self, peer: int, nbytes: int) -> bytes:
         return _read_exactly(self.connections[peer], nbytes)
-
-    def ready(self, peer: int, nbytes: int) -> bool:
-        conn = self.connections[peer]
-        readable, _, _ = select.select([conn], [], [], 0)  # a socket with a timeout would wait in recv
-        return bool(readable) and len(conn.recv(nbytes, socket.MSG_PEEK)) == nbytes  # b"": closed (recv says so)
 
     def close(self) -> None:
         for conn in self.connections.values():

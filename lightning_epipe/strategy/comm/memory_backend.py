@@ -170,10 +170,6 @@ class MemoryCommands:
             fabric.command_queues[(self.rank, peer)].append(bytes(data))
             fabric.cond.notify_all()
 
-    def ready(self, peer: int, nbytes: int) -> bool:
-        with self.fabric.cond:
-            return bool(self.fabric.command_queues[(peer, self.rank)])
-
     def recv(self, peer: int, nbytes: int) -> bytes:
         fabric = self.fabric
         queue = fabric.command_queues[(peer, self.rank)]

@@ -486,10 +486,6 @@ class Transport:
             payload = payload.to(self.device, non_blocking=True)  # host-staged: onto the GPU, from pinned memory
         return Received(header, payload, nbytes)
 
-    def command_ready(self, peer: int) -> bool:
-        """Whether the next command from ``peer`` has arrived (False without a command channel)."""
-        return self.commands is not None and self.commands.ready(self.offset + peer, HEADER_NBYTES)
-
     def _recv_command(self, peer: int, what: str, idle: bool, link: str, expect: Mapping[str, int]) -> Received:
         """The next command from ``peer`` on the command channel."""
         start = time.perf_counter()

@@ -27,8 +27,7 @@ from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command
 from lightning_epipe.strategy.engine.after_backward import finish_backward
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.engine.server_loop import (ServerHooks, StepEnd, clip_optimizer, forward_ahead, serve_step,
-                                                        step_optimizer)
+from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, clip_optimizer, serve_step, step_optimizer
 
 __all__ = ["RankSteps"]
 
@@ -138,13 +137,6 @@ class RankSteps:
         perhaps inside Lightning's wrapper) too."""
         if self._drives_manual_steps:
             self.runtime.command(Command.OPTIMIZER_STEP, arg=_index(optimizer, optimizers))
-
-    def after_training_batch(self, context: ContextManager[Any]) -> None:
-        """A server under automatic optimization, as a training batch ends (its optimizer step
-        done): the next batch's forward at once if the client has begun that step
-        (``server_loop.forward_ahead``; ``context``: the precision plugin's training-step context)."""
-        if not self.is_client and self.module.automatic_optimization:
-            forward_ahead(self.runtime, context)
 
     def before_clip(self, optimizer: Any, optimizers: list[Any], algorithm: ClipAlgorithm, value: float) -> None:
         """Manual optimization on the client: every server clips ``optimizer``'s gradients too (by

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -157,8 +156,6 @@ class PipelineRuntime:
         self._input_layout: Optional[dict] = None  # ... and as last received
         self.input_group_bytes = INPUT_GROUP_BYTES
         self._grouped_inputs: dict[int, Batch] = {}  # first stage: micro-batches that came in an earlier one's message
-        self._read_ahead: deque[ControlMessage] = deque()  # server: commands read before they were needed
-        self.forwarded_ahead = 0  # server: the step whose forward ran before Lightning's training_step (0: none)
         # (stream kind, peer) of the streams only one of this rank's stages reads: their
         # messages come in that stage's order, so a phase's receives may be posted at once
         read = [(k, peer) for kind in (Kind.ACTIVATION, Kind.GRADIENT) for _, peer, k in self._sources(kind)]
@@ -204,20 +201,7 @@ class PipelineRuntime:
             self.transport.send(peer, Header.clip(self.step, optimizer, algorithm, value))
 
     def next_command(self) -> ControlMessage:
-        """Server only: the client's next command (one read ahead first, else waited for)."""
-        if self._read_ahead:
-            return self._read_ahead.popleft()
-        return self._read_command()
-
-    def read_commands_ahead(self, limit: int) -> list[ControlMessage]:
-        """Server only: the client's next commands, up to ``limit``, as far as they have arrived,
-        read without waiting; :meth:`next_command` returns them first."""
-        while len(self._read_ahead) < limit and self.transport.command_ready(0):
-            self._read_ahead.append(self._read_command())
-        return list(self._read_ahead)
-
-    def _read_command(self) -> ControlMessage:
-        """Wait for the client's next command and check it belongs where this rank is."""
+        """Server only: wait for the client's next command."""
         got = self.transport.recv(0, f"the client's next command after step {self.step}", idle=True, kind=Kind.CONTROL)
         h = got.header
         if h.arg not in Command._value2member_map_:

@@ -21,16 +21,6 @@ reads the client's commands (``comm/command_channel``) and drives this rank's
 
 Before every training batch, where Lightning would broadcast rank 0's SIGTERM flag, the
 server reads ``BATCH_START`` (go on) or ``STOP`` (``sigterm_broadcast.StepStartSignal``).
-
-Forward ahead (:func:`forward_ahead`): as a training batch ends (its optimizer step done, the
-first of the ``on_train_batch_end`` hooks: ``strategy/forward_ahead.py``) a server looks at
-what the client has sent; if the client's next training step has begun (``BATCH_START`` and a
-plain GPipe ``FORWARD`` are there), it runs that forward at once, before the rest of
-Lightning's end of this batch and start of the next, which then follow while the next stage
-computes. The commands stay queued for :func:`serve_step`, which finds the forward done.
-Nothing the ranks do together can lie in between: a collective in those hooks
-(``compressor="auto"``'s, a checkpoint's gather, a validation loop's commands) holds the
-client before it sends that ``FORWARD``.
 """
 
 from __future__ import annotations
@@ -43,11 +33,10 @@ import torch
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lightning_epipe.strategy.engine.microbatch import scatter
-from lightning_epipe.strategy.engine.runtime import ControlMessage, PipelineRuntime
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command, StepFlag
 
-__all__ = ["StepEnd", "ServerHooks", "serve_step", "step_optimizer", "clip_optimizer", "forward_ahead",
-           "starts_training_step"]
+__all__ = ["StepEnd", "ServerHooks", "serve_step", "step_optimizer", "clip_optimizer"]
 
 
 class StepEnd(enum.Enum):
@@ -74,10 +63,7 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
     forwarded = False
     while True:
         msg = runtime.next_command()
-        if msg.command == Command.FORWARD and runtime.forwarded_ahead == msg.step:
-            runtime.forwarded_ahead = 0  # ran right after the last optimizer step (forward_ahead)
-            forwarded = True
-        elif msg.command == Command.FORWARD:
+        if msg.command == Command.FORWARD:
             runtime.begin_step(msg.num_microbatches)
             if msg.flags & StepFlag.SAMPLE_IDS:
                 ids, num_samples = runtime.recv_sample_ids()
@@ -108,34 +94,6 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
             return StepEnd.EVALUATED
         else:
             raise RuntimeError(f"pipeline rank {runtime.rank}: unexpected command {msg.command.name}")
-
-
-def starts_training_step(commands: list[ControlMessage]) -> bool:
-    """Whether the client's next ``commands`` begin a plain training step: ``BATCH_START``, then a
-    GPipe ``FORWARD`` with gradients (no sample ids to follow, not 1F1B).
-
-        >>> starts = [ControlMessage(Command.BATCH_START, 4), ControlMessage(Command.FORWARD, 5, 8, flags=StepFlag.GRAD_ENABLED)]
-        >>> starts_training_step(starts), starts_training_step(starts[:1])
-        (True, False)
-        >>> starts_training_step([starts[0], ControlMessage(Command.FORWARD, 5, 8)])  # evaluation
-        False
-    """
-    return (len(commands) == 2 and commands[0].command == Command.BATCH_START
-            and commands[1].command == Command.FORWARD and commands[1].flags == StepFlag.GRAD_ENABLED)
-
-
-def forward_ahead(runtime: PipelineRuntime, context: ContextManager[Any]) -> bool:
-    """Server, as a training batch ends: run the next training step's forward now if the client
-    has begun that step (``context``: the precision plugin's training-step context). True if it ran."""
-    ahead = runtime.read_commands_ahead(2)
-    if not starts_training_step(ahead):
-        return False
-    forward = ahead[1]
-    with context, torch.enable_grad():
-        runtime.begin_step(forward.num_microbatches)
-        runtime.forward()
-    runtime.forwarded_ahead = forward.step
-    return True
 
 
 def step_optimizer(module: Any, index: int) -> None:
