@@ -12,11 +12,12 @@ benchmarks/README.md, section 0).
 
 :class:`StepStartSignal` replaces the method on every rank of a pipeline while fitting. The
 client sends each server ``BATCH_START`` on its command connection (or ``STOP`` once SIGTERM
-came), a send that waits for nothing; a server reads it where Lightning would broadcast, and stops there on ``STOP``. Every rank thus stops
-before the same batch, before any hook of it (``on_train_batch_start`` may hold a collective:
-``compressor="auto"``'s), and no rank waits in a collective between steps. With
-``replicas > 1`` the clients of the replicas still agree on rank 0's flag by a broadcast
-among themselves (rank 0 posts it without waiting, and waits for it one step later).
+came), a send that waits for nothing; a server reads it where Lightning would broadcast, and
+stops there on ``STOP``. Every rank thus stops before the same batch, before any hook of it
+(``on_train_batch_start`` may hold a collective: ``compressor="auto"``'s), and no rank waits
+in a collective between steps. With ``replicas > 1`` the clients of the replicas still agree
+on rank 0's flag by a broadcast among themselves (rank 0 posts it without waiting, and waits
+for it one step later).
 
 SIGTERM (a cluster preempting the job): Lightning's handler broadcasts from inside the signal
 handler, on whichever rank receives the signal, and a pipeline rank blocked in a wait

@@ -13,7 +13,7 @@ import torch
 from lightning_epipe.strategy.comm.command_channel import (HELLO, SocketCommands, _HELLO_MAGIC, _accept_servers,
                                                            _address_record, _parse_record, advertised_host)
 from lightning_epipe.strategy.comm.transport import PeerError, Transport
-from lightning_epipe.strategy.comm.wire import Command, Header, Kind, WireError
+from lightning_epipe.strategy.comm.wire import VERSION, Command, Header, Kind, WireError
 
 TIMEOUT = timedelta(seconds=0.5)
 
@@ -83,7 +83,7 @@ def test_a_client_accepts_its_servers_by_their_hello_and_turns_strangers_away():
     servers = {}
     for rank in (6, 5):
         servers[rank] = socket.create_connection(address)
-        servers[rank].sendall(HELLO.pack(_HELLO_MAGIC, rank))
+        servers[rank].sendall(HELLO.pack(_HELLO_MAGIC, VERSION, rank))
     accepting.join(10)
     assert sorted(results) == [5, 6]
     try:
@@ -95,6 +95,15 @@ def test_a_client_accepts_its_servers_by_their_hello_and_turns_strangers_away():
     assert results[5].recv(1) == b"x"
     for conn in [*results.values(), *servers.values(), stranger, listener]:
         conn.close()
+
+
+def test_a_server_of_another_wire_version_is_named_at_once():
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        server = socket.create_connection(listener.getsockname())
+        server.sendall(HELLO.pack(_HELLO_MAGIC, VERSION - 1, 3))
+        with pytest.raises(WireError, match=f"rank 3 speaks wire version {VERSION - 1} but this process speaks {VERSION}"):
+            _accept_servers(listener, {3}, timedelta(seconds=5))
+        server.close()
 
 
 def test_a_server_that_never_connects_is_named_when_the_client_gives_up():

@@ -13,8 +13,8 @@ Connections (:func:`connect_commands`, every rank of the world together, once pe
 each pipeline's client listens on an ephemeral port of the address its machine reaches the
 rendezvous host (``MASTER_ADDR``) from (:func:`advertised_host`); one all-gather on the
 control group tells every rank every client's address; each server connects to its client
-and names itself (:data:`HELLO`). Like gloo's own connections, this needs the ports between
-the machines open.
+and names itself and its wire version (:data:`HELLO`; another version is a ``WireError``). Like
+gloo's own connections, this needs the ports between the machines open.
 
 Errors: a read or write that waits past the timeout raises :class:`TimeoutError`, a peer that
 closed its end :class:`ConnectionError` (both ``OSError``); the transport turns them into a
@@ -32,10 +32,12 @@ from typing import Any, Optional, Protocol
 import torch
 import torch.distributed as dist
 
+from lightning_epipe.strategy.comm.wire import VERSION, WireError
+
 __all__ = ["CommandChannel", "SocketCommands", "connect_commands", "advertised_host", "ADDRESS_BYTES"]
 
-#: What a server sends first on its connection: a magic number and its global rank.
-HELLO = struct.Struct("=qq")
+#: What a server sends first on its connection: a magic number, its wire version and its global rank.
+HELLO = struct.Struct("=qqq")
 _HELLO_MAGIC = 0x45504950434D44  # "EPIPCMD"
 #: The bytes of one client's "host port" in the all-gather (a zero-padded ASCII string).
 ADDRESS_BYTES = 128
@@ -146,7 +148,7 @@ def connect_commands(pipeline_rank: int, size: int, offset: int, global_rank: in
     host, port = _parse_record(records[offset])
     try:
         conn = socket.create_connection((host, port), timeout=timeout.total_seconds())
-        conn.sendall(HELLO.pack(_HELLO_MAGIC, global_rank))
+        conn.sendall(HELLO.pack(_HELLO_MAGIC, VERSION, global_rank))
     except OSError as err:
         raise ConnectionError(f"rank {global_rank}: could not reach its pipeline's client, rank {offset}, for commands at"
                               f" {host}:{port} ({err}); the machines must reach each other on any TCP port, as gloo's"
@@ -167,12 +169,16 @@ def _accept_servers(listener: socket.socket, expected: set[int], timeout: timede
             raise TimeoutError(f"ranks {missing} did not connect for the pipeline's commands within {timeout}") from err
         conn.settimeout(timeout.total_seconds())
         try:
-            magic, rank = HELLO.unpack(_read_exactly(conn, HELLO.size))
+            magic, version, rank = HELLO.unpack(_read_exactly(conn, HELLO.size))
         except (OSError, struct.error):
             conn.close()
             continue
         if magic != _HELLO_MAGIC or rank not in expected or rank in connections:
             conn.close()
             continue
+        if version != VERSION:
+            conn.close()
+            raise WireError(f"rank {rank} speaks wire version {version} but this process speaks {VERSION}:"
+                            " install the same version everywhere")
         connections[rank] = conn
     return connections
