@@ -52,11 +52,11 @@ def test_a_silent_client_is_an_error_within_the_timeout_that_names_it():
 
 def test_a_client_that_died_is_an_error_at_once_and_so_is_a_send_to_a_dead_server():
     client, server = _ends()
-    client.commands.close()
+    client.commands.connections[1].close()
     with pytest.raises(PeerError, match="rank 0 closed the connection"):
         server.recv(0, "the next command", kind=Kind.CONTROL)
     client, server = _ends()
-    server.commands.close()
+    server.commands.connections[0].close()
     with pytest.raises(PeerError, match="rank 1 closed the connection .* command STOP"):
         for _ in range(1000):  # the first sends may still land in the socket's buffer
             client.send(1, Header.command(Command.STOP, 1))

@@ -68,11 +68,6 @@ class SocketCommands:
     def recv(self, peer: int, nbytes: int) -> bytes:
         return _read_exactly(self.connections[peer], nbytes)
 
-    def close(self) -> None:
-        for conn in self.connections.values():
-            conn.close()
-        self.connections = {}
-
 
 def _read_exactly(conn: socket.socket, nbytes: int) -> bytes:
     """``nbytes`` from ``conn`` (a command almost always arrives in one piece)."""

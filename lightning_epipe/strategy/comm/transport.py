@@ -65,12 +65,15 @@ from lightning_epipe.strategy.comm.command_channel import CommandChannel
 from lightning_epipe.strategy.comm.linkrate import MIN_BYTES, WINDOW_BYTES, Arrivals, Transfer, TransferWindow
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.comm.streams import CONTROL, stream_name
-from lightning_epipe.strategy.comm.wire import (HEADER_NBYTES, RESIZE_BIT, Command, Flag, Header, Kind, WireError,
-                                                checksum, host_checksum)
+from lightning_epipe.strategy.comm.wire import (HEADER_NBYTES, RESIZE_BIT, Flag, Header, Kind, WireError, checksum,
+                                                command_name, host_checksum)
 
 __all__ = ["PeerError", "Transport", "Received", "P2PBackend", "DIST_BACKEND", "frame_capacity"]
 
 Key = tuple[int, int, int]  # (kind, micro-batch, tensor index)
+
+#: A command's kind as a plain int (tested on every message: an int compared with an enum member costs more)
+_COMMAND = int(Kind.CONTROL)
 
 #: A host-memory receive (gloo) whose wait returns within this many seconds had landed before
 #: it was needed (NCCL's wait returns at once on the host; there ``is_completed`` tells).
@@ -280,7 +283,7 @@ class Transport:
         returns the bytes it put on the wire: the frame's, padding included, and a size notice's
         when one goes first. ``prefix``: bytes that lead the payload in the frame (a packet's
         header), so an encoded tensor is copied once on its way out: into its frame."""
-        if header.kind == Kind.CONTROL and self.commands is not None:
+        if header.kind == _COMMAND and self.commands is not None:
             return self._send_command(peer, header)
         name, group, device = self._route(header.kind, self.rank, peer)
         if payload is not None and (payload.dtype != torch.uint8 or payload.dim() != 1):
@@ -318,7 +321,7 @@ class Transport:
         try:
             self.commands.send(self.offset + peer, header.framed(0).to_bytes())
         except OSError as err:
-            raise self._peer_error(err, peer, f"the send of command {_command_name(header)}") from err
+            raise self._peer_error(err, peer, f"the send of command {command_name(header.arg)}") from err
         return HEADER_NBYTES
 
     def _fill_host_frame(self, buf: numpy.ndarray, prefix: bytes, payload: Optional[Tensor], size: int) -> int:
@@ -444,7 +447,7 @@ class Transport:
         must match ``expect``. ``idle``: waiting for it is time between steps, not pipeline wait."""
         kind = expect["kind"]
         link = self.link(peer, outgoing=False)
-        if kind == Kind.CONTROL and self.commands is not None:
+        if kind == _COMMAND and self.commands is not None:
             return self._recv_command(peer, what, idle, link, expect)
         name, group, device = self._route(kind, peer, self.rank)
         key = _key(kind, expect.get("microbatch", 0), expect.get("index", 0))
@@ -526,7 +529,3 @@ class Transport:
         if blocking:
             self.stats.wait_seconds += waited
         return waited
-
-
-def _command_name(header: Header) -> str:
-    return Command(header.arg).name if header.arg in Command._value2member_map_ else str(header.arg)

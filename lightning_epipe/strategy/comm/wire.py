@@ -21,7 +21,7 @@ from torch import Tensor
 
 __all__ = ["Kind", "Direction", "Flag", "BARE_BIT", "REQUIRES_GRAD_BIT", "RESIZE_BIT", "StepFlag", "Command",
            "ClipAlgorithm", "Header", "WireError", "HEADER_LEN", "HEADER_NBYTES", "MAX_PAYLOAD", "checksum",
-           "host_checksum"]
+           "host_checksum", "command_name"]
 
 MAGIC = 0x45504950  # "EPIP"
 VERSION = 6  # 6: commands on a connection of their own (command_channel); 5: an input message holds `arg` micro-batches (no WHOLE_BATCH flag); 4: CLIP_GRADIENTS (3: every training batch starts with BATCH_START or STOP; 2: payload checksums are XXH3-64; 1: CRC32)
@@ -237,9 +237,12 @@ class Header(NamedTuple):
 def _name(field: str, value: int) -> str:
     if field == "kind" and value in Kind._value2member_map_:
         return Kind(value).name
-    if field == "arg" and value in Command._value2member_map_:
-        return Command(value).name
-    return str(value)
+    return command_name(value) if field == "arg" else str(value)
+
+
+def command_name(value: int) -> str:
+    """The name of the command a header's ``arg`` holds (the number itself if it names none)."""
+    return Command(value).name if value in Command._value2member_map_ else str(value)
 
 
 def checksum(payload: Tensor) -> int:
