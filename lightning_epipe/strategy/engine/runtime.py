@@ -156,7 +156,6 @@ class PipelineRuntime:
         self._input_layout: Optional[dict] = None  # ... and as last received
         self.input_group_bytes = INPUT_GROUP_BYTES
         self._grouped_inputs: dict[int, Batch] = {}  # first stage: micro-batches that came in an earlier one's message
-        self._next_input_due = False  # first stage (gloo): the next step's first input receive waits to be posted
         # (stream kind, peer) of the streams only one of this rank's stages reads: their
         # messages come in that stage's order, so a phase's receives may be posted at once
         read = [(k, peer) for kind in (Kind.ACTIVATION, Kind.GRADIENT) for _, peer, k in self._sources(kind)]
@@ -266,7 +265,6 @@ class PipelineRuntime:
         outputs: dict[int, Any] = {}
         for task in rank_tasks(self.stage_ids, self.num_microbatches, "forward"):
             self._forward_task(task.stage, task.microbatch, microbatches, grad, outputs)
-            self._post_next_input()
         if grad:
             self._next_hooked = self.num_microbatches - 1
         self.timer.settle()
@@ -342,7 +340,6 @@ class PipelineRuntime:
             s, i = task.stage, task.microbatch
             if task.phase == "forward":
                 self._forward_task(s, i, microbatches, True, outputs)
-                self._post_next_input()
             elif s == self.last_stage:
                 self._backward_task(s, i, loss=loss_of(i, outputs[i]))
                 outputs[i] = _detach(outputs[i])  # its graph is spent; keep only the values
@@ -564,15 +561,7 @@ class PipelineRuntime:
         elif 0 <= mb + step < self.num_microbatches:
             self.transport.prepost(peer, kind, mb + step)
         elif kind == Kind.INPUT and self.transport.tags_apart:  # the next step's first (gloo): it may come
-            self._next_input_due = True  # while this rank is still in this step's backward
-
-    def _post_next_input(self) -> None:
-        """Post the next step's first input receive once the forward task that read this step's
-        last input has sent its output: the post is off the path from this step's input to the
-        activation the next stage waits for, and still ahead of this step's backward."""
-        if self._next_input_due:
-            self._next_input_due = False
-            self.transport.prepost(0, Kind.INPUT, 0)
+            self.transport.prepost(peer, kind, 0)  # while this rank is still in this step's backward
 
     def _send_grads(self, peer: int, cut: int, mb: int, leaves: list[Tensor],
                     grads: Optional[list[Optional[Tensor]]] = None) -> None:
