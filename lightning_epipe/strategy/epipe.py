@@ -246,7 +246,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
                 agree_on_overflow(self.precision_plugin, self.root_device)
         if self._pipe_transport is None:  # kept across fit/validate/test: receives may be posted ahead
             self._transport, self._pipe_transport = create_transports(
-                self.layout, self.global_rank, self.root_device, self._groups, self.config.timeout,
+                self.layout, self.placement, self.global_rank, self.root_device, self._groups, self.config.timeout,
                 self.config.verify_checksum, self.stats, self._backend, self.cluster_environment.main_address)
             if self._tuner is not None:  # the rate windows hold what compressor="auto" measures over
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes

@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 
 from lightning_epipe.strategy.comm.command_channel import connect_commands
+from lightning_epipe.strategy.comm.socket_streams import SOCKET_BACKEND, connect_streams
 from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 from lightning_epipe.strategy.comm.streams import pipeline_streams
-from lightning_epipe.strategy.comm.transport import Transport
+from lightning_epipe.strategy.comm.transport import DIST_BACKEND, Transport
 from lightning_epipe.strategy.engine.stats import PipelineStats
 
 __all__ = ["StreamGroups", "PipelineGroups", "create_groups", "create_transports"]
@@ -37,7 +38,7 @@ class PipelineGroups:
 def create_groups(layout: ReplicaLayout, placement: str, rank: int, backend: str) -> PipelineGroups:
     """Every group of the world (a collective), this rank's kept."""
     mine: StreamGroups = {}
-    for replica in range(layout.replicas):
+    for replica in range(layout.replicas if backend != "gloo" else 0):  # gloo's place: socket streams
         offset = replica * layout.size
         for stream in pipeline_streams(placement, layout.size):
             group = dist.new_group(sorted({offset + stream.src, offset + stream.dst}), backend=backend)
@@ -51,9 +52,9 @@ def create_groups(layout: ReplicaLayout, placement: str, rank: int, backend: str
     return PipelineGroups(mine, control, stage)
 
 
-def create_transports(layout: ReplicaLayout, global_rank: int, device: torch.device, groups: PipelineGroups,
-                      timeout: timedelta, verify_checksum: bool, stats: PipelineStats, backend: str,
-                      main_address: Optional[str]) -> tuple[Transport, Transport]:
+def create_transports(layout: ReplicaLayout, placement: str, global_rank: int, device: torch.device,
+                      groups: PipelineGroups, timeout: timedelta, verify_checksum: bool, stats: PipelineStats,
+                      backend: str, main_address: Optional[str]) -> tuple[Transport, Transport]:
     """``(global, pipeline)`` transports (a collective: every rank of the world): the first speaks in
     global ranks (checkpoint state over the control group), the second in this pipeline's ranks (the
     training's messages; commands on connections of their own). ``main_address``: the rendezvous
@@ -61,8 +62,11 @@ def create_transports(layout: ReplicaLayout, global_rank: int, device: torch.dev
     host, control = torch.device("cpu"), groups.control
     prank, offset = layout.pipeline_rank(global_rank), layout.offset(global_rank)
     commands = connect_commands(prank, layout.size, offset, global_rank, control, timeout, main_address)
+    streams, p2p = groups.streams, DIST_BACKEND
+    if backend == "gloo":  # host frames: each data stream on a connection of its own
+        streams, p2p = connect_streams(placement, layout.size, offset, global_rank, control, timeout, main_address), SOCKET_BACKEND
     world = Transport(global_rank, device, timeout, verify_checksum, stats, control_group=control, control_device=host)
-    pipeline = Transport(prank, device, timeout, verify_checksum, stats, offset=offset, groups=groups.streams,
-                         control_group=control, control_device=host, commands=commands,
+    pipeline = Transport(prank, device, timeout, verify_checksum, stats, offset=offset, groups=streams,
+                         control_group=control, control_device=host, backend=p2p, commands=commands,
                          host_staged=backend == "gloo")  # gloo carries host memory only
     return world, pipeline

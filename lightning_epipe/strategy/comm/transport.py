@@ -523,7 +523,7 @@ class Transport:
         start = time.perf_counter()
         try:
             work.wait(self.timeout)
-        except RuntimeError as err:
+        except (RuntimeError, OSError) as err:  # gloo's errors, a socket stream's
             raise self._peer_error(err, peer, what) from err
         waited = time.perf_counter() - start
         if blocking:
