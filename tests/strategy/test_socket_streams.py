@@ -151,3 +151,17 @@ def test_the_writer_keeps_the_order_of_frames_sent_while_it_writes():
     assert all(w.wait(TIMEOUT) for w in works)
     assert len(received) == len(frames) and all(torch.equal(a, b) for a, b in zip(frames, received))
     sender.close(), receiver.close()
+
+
+def test_a_send_completes_once_the_peer_has_the_bytes_not_when_the_kernel_took_them():
+    """What ``linkrate`` times: a frame the reader's kernel cannot take yet (its buffer full of
+    an earlier one nobody reads) is in flight, not complete, until the reader reads."""
+    sender, receiver = _pair()
+    big, small = _frame(32 << 20, 0), _frame(4096, 1)
+    first, second = sender.isend(big), sender.isend(small)
+    time.sleep(0.2)
+    assert not second.is_completed()
+    for frame in (torch.empty(big.numel(), dtype=torch.uint8), torch.empty(small.numel(), dtype=torch.uint8)):
+        receiver.irecv(frame).wait()
+    assert first.wait(TIMEOUT) and second.wait(TIMEOUT) and second.is_completed()
+    sender.close(), receiver.close()

@@ -34,6 +34,7 @@ import socket
 import struct
 import termios
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -53,35 +54,44 @@ STREAM_HELLO = struct.Struct("=qqqq")
 _MAGIC = 0x45504950535452  # "EPIPSTR"
 
 
-class _Done:
-    """A send written whole at once: complete."""
-
-    @staticmethod
-    def is_completed() -> bool:
-        return True
-
-    @staticmethod
-    def wait(timeout: Any = None) -> bool:
-        return True
-
-
 class _Write:
-    """The rest of a frame, written by the connection's writer thread."""
+    """The part of a frame the sending thread could not hand to the kernel at once, written by
+    the connection's writer thread."""
 
     def __init__(self, data: memoryview, keep: torch.Tensor) -> None:
         self.data, self.keep = data, keep  # keep: the frame stays alive until written
         self.done = threading.Event()
         self.error: Optional[BaseException] = None
 
+
+class _Send:
+    """A send: complete once the peer's end has acknowledged the frame's last byte (the stream's
+    byte ``end``), so a completion, polled, tells when the bytes crossed the link (what
+    ``linkrate`` times), not when the kernel took them. Waiting on it also waits for that."""
+
+    def __init__(self, stream: "SocketStream", end: int, write: Optional[_Write] = None) -> None:
+        self.stream, self.end, self.write, self.done = stream, end, write, False
+
     def is_completed(self) -> bool:
-        return self.done.is_set()
+        if not self.done:
+            written = self.write is None or self.write.done.is_set()
+            self.done = written and (self.write is None or self.write.error is None) and self.stream.acked() >= self.end
+        return self.done
 
     def wait(self, timeout: Any = None) -> bool:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not self.done.wait(seconds):
-            raise TimeoutError("timed out writing a frame: the peer reads nothing")
-        if self.error is not None:
-            raise self.error
+        deadline = None if seconds is None else time.monotonic() + seconds
+        if self.write is not None:
+            if not self.write.done.wait(seconds):
+                raise TimeoutError("timed out writing a frame: the peer reads nothing")
+            if self.write.error is not None:
+                raise self.write.error
+        pause = 1e-5
+        while not self.is_completed():
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("timed out waiting for the peer to take a frame")
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
         return True
 
 
@@ -114,6 +124,9 @@ class SocketStream:
         conn.settimeout(timeout.total_seconds())  # non-blocking underneath: os.write below never waits
         self._fd = conn.fileno()
         self._count = bytearray(4)  # FIONREAD's answer
+        self._outq = bytearray(4)  # TIOCOUTQ's answer
+        self._submitted = 0  # bytes of every frame sent so far
+        self._handed = 0  # of those, handed to the kernel
         self._writes: "queue.SimpleQueue[Optional[_Write]]" = queue.SimpleQueue()
         self._queued = 0  # writes handed to the writer and not finished (this thread's count)
         self._finished = 0  # of those, finished (the writer's count)
@@ -122,44 +135,56 @@ class SocketStream:
 
     # ------------------------------------------------------------------ sending
 
-    def isend(self, frame: torch.Tensor) -> Any:
-        """Send ``frame`` (1-D uint8, host memory); returns a work that completes once it is written."""
+    def isend(self, frame: torch.Tensor) -> _Send:
+        """Send ``frame`` (1-D uint8, host memory): what the kernel takes now from this thread,
+        the rest from the writer thread, never waiting; returns the send."""
         if self._failed is not None:
             raise self._failed
         data = memoryview(frame.numpy()).cast("B")
+        self._submitted += len(data)
+        end = self._submitted
         if self._queued == self._finished:  # nothing ahead of it: write what the kernel takes now
             try:
                 sent = os.write(self._fd, data)
             except BlockingIOError:
                 sent = 0
             except OSError as err:
-                raise ConnectionResetError(f"the connection was closed by peer ({err})") from err
+                self._failed = ConnectionResetError(f"the connection was closed by peer ({err})")
+                raise self._failed from err
+            self._handed += sent
             if sent == len(data):
-                return _Done()
+                return _Send(self, end)
             data = data[sent:]
-        work = _Write(data, frame)
+        write = _Write(data, frame)
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="epipe-stream-writer", daemon=True)
             self._writer.start()
         self._queued += 1
-        self._writes.put(work)
-        return work
+        self._writes.put(write)
+        return _Send(self, end, write)
 
     def _write_loop(self) -> None:
         while True:
-            work = self._writes.get()
-            if work is None:
+            write = self._writes.get()
+            if write is None:
                 return
             try:
                 if self._failed is not None:
                     raise self._failed
-                self.conn.sendall(work.data)
+                self.conn.sendall(write.data)
+                self._handed += len(write.data)
             except OSError as err:
                 self._failed = err
-                work.error = err
-            work.data = work.keep = None  # type: ignore[assignment]
+                write.error = err
+            write.data = write.keep = None  # type: ignore[assignment]
             self._finished += 1
-            work.done.set()
+            write.done.set()
+
+    def acked(self) -> int:
+        """Bytes of the stream the peer's end has acknowledged (those handed to the kernel, less
+        those still in its send queue)."""
+        fcntl.ioctl(self._fd, termios.TIOCOUTQ, self._outq)
+        return self._handed - int.from_bytes(self._outq, "little")
 
     # ------------------------------------------------------------------ receiving
 
