@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lightning_epipe.strategy.comm.command_channel import (HELLO, SocketCommands, _HELLO_MAGIC, _accept_servers,
-                                                           _address_record, _parse_record, advertised_host)
+                                                           address_record, parse_record, advertised_host)
 from lightning_epipe.strategy.comm.transport import PeerError, Transport
 from lightning_epipe.strategy.comm.wire import VERSION, Command, Header, Kind, WireError
 
@@ -112,11 +112,11 @@ def test_a_server_that_never_connects_is_named_when_the_client_gives_up():
             _accept_servers(listener, {2}, timedelta(seconds=0.2))
 
 
-def test_an_address_record_round_trips_and_the_route_to_a_remote_host_is_not_loopback():
-    assert _parse_record(_address_record("10.1.2.3", 29500)) == ("10.1.2.3", 29500)
-    assert _parse_record(_address_record("fe80::1", 7)) == ("fe80::1", 7)
+def test_anaddress_record_round_trips_and_the_route_to_a_remote_host_is_not_loopback():
+    assert parse_record(address_record("10.1.2.3", 29500)) == ("10.1.2.3", 29500)
+    assert parse_record(address_record("fe80::1", 7)) == ("fe80::1", 7)
     with pytest.raises(ValueError, match="longer than"):
-        _address_record("h" * 200, 1)
+        address_record("h" * 200, 1)
     assert advertised_host("::1") == "::1"
     host = advertised_host("192.0.2.1")  # TEST-NET-1: no packet is sent, only the route is read
     assert host == "127.0.0.1" or not host.startswith("127.")

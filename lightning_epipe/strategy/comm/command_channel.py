@@ -27,14 +27,15 @@ import ipaddress
 import socket
 import struct
 from datetime import timedelta
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 import torch.distributed as dist
 
 from lightning_epipe.strategy.comm.wire import VERSION, WireError
 
-__all__ = ["CommandChannel", "SocketCommands", "connect_commands", "advertised_host", "ADDRESS_BYTES"]
+__all__ = ["CommandChannel", "SocketCommands", "connect_commands", "advertised_host", "accept_named", "address_record",
+           "parse_record", "read_exactly", "ADDRESS_BYTES"]
 
 #: What a server sends first on its connection: a magic number, its wire version and its global rank.
 HELLO = struct.Struct("=qqq")
@@ -66,10 +67,10 @@ class SocketCommands:
         self.connections[peer].sendall(data)
 
     def recv(self, peer: int, nbytes: int) -> bytes:
-        return _read_exactly(self.connections[peer], nbytes)
+        return read_exactly(self.connections[peer], nbytes)
 
 
-def _read_exactly(conn: socket.socket, nbytes: int) -> bytes:
+def read_exactly(conn: socket.socket, nbytes: int) -> bytes:
     """``nbytes`` from ``conn`` (a command almost always arrives in one piece)."""
     data = conn.recv(nbytes)
     if len(data) == nbytes:
@@ -107,7 +108,7 @@ def advertised_host(main_address: Optional[str]) -> str:
         return "127.0.0.1"
 
 
-def _address_record(host: str, port: int) -> torch.Tensor:
+def address_record(host: str, port: int) -> torch.Tensor:
     text = f"{host} {port}".encode()
     if len(text) > ADDRESS_BYTES:
         raise ValueError(f"address {text!r} longer than {ADDRESS_BYTES} bytes")
@@ -116,7 +117,7 @@ def _address_record(host: str, port: int) -> torch.Tensor:
     return record
 
 
-def _parse_record(record: torch.Tensor) -> tuple[str, int]:
+def parse_record(record: torch.Tensor) -> tuple[str, int]:
     host, port = bytes(record.numpy()).rstrip(b"\0").decode().rsplit(" ", 1)
     return host, int(port)
 
@@ -132,7 +133,7 @@ def connect_commands(pipeline_rank: int, size: int, offset: int, global_rank: in
         host = advertised_host(main_address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.create_server((host, 0), family=family, backlog=size)
-        record = _address_record(host, listener.getsockname()[1])
+        record = address_record(host, listener.getsockname()[1])
     records = [torch.zeros_like(record) for _ in range(dist.get_world_size(control_group))]
     dist.all_gather(records, record, group=control_group)
     if size == 1:
@@ -140,7 +141,7 @@ def connect_commands(pipeline_rank: int, size: int, offset: int, global_rank: in
     if listener is not None:
         with listener:
             return SocketCommands(_accept_servers(listener, set(range(offset + 1, offset + size)), timeout), timeout)
-    host, port = _parse_record(records[offset])
+    host, port = parse_record(records[offset])
     try:
         conn = socket.create_connection((host, port), timeout=timeout.total_seconds())
         conn.sendall(HELLO.pack(_HELLO_MAGIC, VERSION, global_rank))
@@ -154,26 +155,37 @@ def connect_commands(pipeline_rank: int, size: int, offset: int, global_rank: in
 def _accept_servers(listener: socket.socket, expected: set[int], timeout: timedelta) -> dict[int, socket.socket]:
     """The connection of every server in ``expected`` (global ranks), each named by its hello;
     a connection that is not one of them is closed."""
-    connections: dict[int, socket.socket] = {}
+    return accept_named(listener, HELLO, _HELLO_MAGIC, lambda fields: fields[0] if fields[0] in expected else None,
+                        len(expected), timeout,
+                        lambda named: f"ranks {sorted(expected - set(named))} did not connect for the pipeline's commands")
+
+
+def accept_named(listener: socket.socket, hello: struct.Struct, magic: int, name: Callable[[tuple[int, ...]], Any],
+                 count: int, timeout: timedelta, missing: Callable[[set[Any]], str]) -> dict[Any, socket.socket]:
+    """Accept connections until ``count`` of them are named: each first sends ``hello`` (``magic``,
+    its wire version, its global rank, then any other fields); ``name(fields after the version)``
+    names it, or is None for a stranger, which is closed as is a second connection of one name.
+    Another wire version is a ``WireError``; past the timeout, ``TimeoutError(missing(names so far))``."""
+    connections: dict[Any, socket.socket] = {}
     listener.settimeout(timeout.total_seconds())
-    while len(connections) < len(expected):
+    while len(connections) < count:
         try:
             conn, _ = listener.accept()
         except TimeoutError as err:
-            missing = sorted(expected - set(connections))
-            raise TimeoutError(f"ranks {missing} did not connect for the pipeline's commands within {timeout}") from err
+            raise TimeoutError(f"{missing(set(connections))} within {timeout}") from err
         conn.settimeout(timeout.total_seconds())
         try:
-            magic, version, rank = HELLO.unpack(_read_exactly(conn, HELLO.size))
+            got, version, *fields = hello.unpack(read_exactly(conn, hello.size))
         except (OSError, struct.error):
             conn.close()
             continue
-        if magic != _HELLO_MAGIC or rank not in expected or rank in connections:
+        key = name(tuple(fields)) if got == magic else None
+        if key is None or key in connections:
             conn.close()
             continue
         if version != VERSION:
             conn.close()
-            raise WireError(f"rank {rank} speaks wire version {version} but this process speaks {VERSION}:"
+            raise WireError(f"rank {fields[0]} speaks wire version {version} but this process speaks {VERSION}:"
                             " install the same version everywhere")
-        connections[rank] = conn
+        connections[key] = conn
     return connections

@@ -41,11 +41,11 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
-from lightning_epipe.strategy.comm.command_channel import (ADDRESS_BYTES, _address_record, _parse_record, _read_exactly,
-                                                           advertised_host)
+from lightning_epipe.strategy.comm.command_channel import (ADDRESS_BYTES, accept_named, address_record,
+                                                           advertised_host, parse_record)
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import P2PBackend, _dist_irecv, _dist_isend
-from lightning_epipe.strategy.comm.wire import VERSION, WireError
+from lightning_epipe.strategy.comm.wire import VERSION
 
 __all__ = ["SocketStream", "connect_streams", "SOCKET_BACKEND", "STREAM_HELLO"]
 
@@ -224,7 +224,7 @@ def connect_streams(placement: str, size: int, offset: int, global_rank: int, co
     host = advertised_host(main_address)
     listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                     backlog=max(1, len(incoming)))
-    record = _address_record(host, listener.getsockname()[1])
+    record = address_record(host, listener.getsockname()[1])
     records = [torch.zeros(ADDRESS_BYTES, dtype=torch.uint8) for _ in range(dist.get_world_size(control_group))]
     dist.all_gather(records, record, group=control_group)
     mine: dict[tuple[str, int, int], SocketStream] = {}
@@ -232,7 +232,7 @@ def connect_streams(placement: str, size: int, offset: int, global_rank: int, co
         for index, s in enumerate(streams):
             if s.src != me:
                 continue
-            peer_host, port = _parse_record(records[offset + s.dst])
+            peer_host, port = parse_record(records[offset + s.dst])
             try:
                 conn = socket.create_connection((peer_host, port), timeout=timeout.total_seconds())
                 conn.sendall(STREAM_HELLO.pack(_MAGIC, VERSION, global_rank, index))
@@ -251,30 +251,14 @@ def _accept(listener: socket.socket, incoming: dict[int, Any], offset: int,
             timeout: timedelta) -> dict[int, socket.socket]:
     """The connection of every stream in ``incoming`` (index -> stream), each named by its
     sender's hello; a connection that names no expected stream is closed."""
-    connections: dict[int, socket.socket] = {}
-    listener.settimeout(timeout.total_seconds())
-    while len(connections) < len(incoming):
-        try:
-            conn, _ = listener.accept()
-        except TimeoutError as err:
-            missing = sorted(offset + incoming[i].src for i in set(incoming) - set(connections))
-            raise TimeoutError(f"ranks {missing} did not connect their data streams within {timeout}") from err
-        conn.settimeout(timeout.total_seconds())
-        try:
-            magic, version, rank, index = STREAM_HELLO.unpack(_read_exactly(conn, STREAM_HELLO.size))
-        except (OSError, struct.error):
-            conn.close()
-            continue
-        expected = incoming.get(index)
-        if magic != _MAGIC or expected is None or rank != offset + expected.src or index in connections:
-            conn.close()
-            continue
-        if version != VERSION:
-            conn.close()
-            raise WireError(f"rank {rank} speaks wire version {version} but this process speaks {VERSION}:"
-                            " install the same version everywhere")
-        connections[index] = conn
-    return connections
+    def name(fields: tuple[int, ...]) -> Optional[int]:
+        rank, index = fields
+        stream = incoming.get(index)
+        return index if stream is not None and rank == offset + stream.src else None
+
+    return accept_named(listener, STREAM_HELLO, _MAGIC, name, len(incoming), timeout,
+                        lambda named: f"ranks {sorted(offset + incoming[i].src for i in set(incoming) - named)}"
+                                      " did not connect their data streams")
 
 
 def _isend(frame: torch.Tensor, dst: int, group: Any, tag: int = 0) -> Any:
