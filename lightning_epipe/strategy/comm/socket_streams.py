@@ -34,7 +34,6 @@ import socket
 import struct
 import termios
 import threading
-import time
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -65,33 +64,27 @@ class _Write:
 
 
 class _Send:
-    """A send: complete once the peer's end has acknowledged the frame's last byte (the stream's
-    byte ``end``), so a completion, polled, tells when the bytes crossed the link (what
-    ``linkrate`` times), not when the kernel took them. Waiting on it also waits for that."""
+    """A send. Complete (``is_completed``, polled) once the peer's end has acknowledged the
+    frame's last byte (the stream's byte ``end``), so its completion tells when the bytes
+    crossed the link (what ``linkrate`` times), not when the kernel took them; waiting on it
+    waits only until the kernel has taken the whole frame (its buffer is free again)."""
 
     def __init__(self, stream: "SocketStream", end: int, write: Optional[_Write] = None) -> None:
         self.stream, self.end, self.write, self.done = stream, end, write, False
 
     def is_completed(self) -> bool:
         if not self.done:
-            written = self.write is None or self.write.done.is_set()
-            self.done = written and (self.write is None or self.write.error is None) and self.stream.acked() >= self.end
+            written = self.write is None or (self.write.done.is_set() and self.write.error is None)
+            self.done = written and self.stream.acked() >= self.end
         return self.done
 
     def wait(self, timeout: Any = None) -> bool:
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        deadline = None if seconds is None else time.monotonic() + seconds
         if self.write is not None:
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
             if not self.write.done.wait(seconds):
                 raise TimeoutError("timed out writing a frame: the peer reads nothing")
             if self.write.error is not None:
                 raise self.write.error
-        pause = 1e-5
-        while not self.is_completed():
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError("timed out waiting for the peer to take a frame")
-            time.sleep(pause)
-            pause = min(2 * pause, 1e-3)
         return True
 
 
@@ -121,6 +114,7 @@ class SocketStream:
     def __init__(self, conn: socket.socket, timeout: timedelta) -> None:
         self.conn = conn
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         conn.settimeout(timeout.total_seconds())  # non-blocking underneath: os.write below never waits
         self._fd = conn.fileno()
         self._count = bytearray(4)  # FIONREAD's answer
@@ -206,6 +200,9 @@ class SocketStream:
             if n == 0:
                 raise ConnectionResetError("the connection was closed by peer")
             got += n
+        # acknowledge what comes next at once, not after the delayed-ACK timer (tens of ms for a
+        # frame smaller than a segment): the sender times its sends by their acknowledgement
+        self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
     def close(self) -> None:
         if self._writer is not None:
