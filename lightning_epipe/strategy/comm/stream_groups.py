@@ -1,6 +1,7 @@
-"""The process groups behind the streams (``streams.py``): one per stream, one for control,
-one per stage across replicas; and the transports over them, the pipeline's with its
-command connections (``command_channel.py``).
+"""The process groups behind the streams (``streams.py``): one per stream on NCCL (on gloo
+the data streams take TCP connections of their own instead, ``socket_streams.py``), one for
+control, one per stage across replicas; and the transports over them, the pipeline's with
+its command connections (``command_channel.py``).
 
 A collective: every rank of the world creates every group, in the same order.
 """
@@ -30,7 +31,7 @@ StreamGroups = dict[tuple[str, int, int], Any]  # (stream name, src, dst) in pip
 class PipelineGroups:
     """This rank's process groups."""
 
-    streams: StreamGroups  # data, on the training's backend
+    streams: StreamGroups  # data on NCCL (none on gloo: the data streams are connections of their own)
     control: Any  # gloo: commands, sample ids and checkpoint state stay in host memory whatever the accelerator
     stage: Optional[Any]  # replicas > 1: the ranks holding this rank's stages (gradient averaging)
 
@@ -38,12 +39,13 @@ class PipelineGroups:
 def create_groups(layout: ReplicaLayout, placement: str, rank: int, backend: str) -> PipelineGroups:
     """Every group of the world (a collective), this rank's kept."""
     mine: StreamGroups = {}
-    for replica in range(layout.replicas if backend != "gloo" else 0):  # gloo's place: socket streams
-        offset = replica * layout.size
-        for stream in pipeline_streams(placement, layout.size):
-            group = dist.new_group(sorted({offset + stream.src, offset + stream.dst}), backend=backend)
-            if layout.replica_of(rank) == replica:
-                mine[(stream.name, stream.src, stream.dst)] = group
+    if backend != "gloo":  # on gloo the data streams are connections of their own (create_transports)
+        for replica in range(layout.replicas):
+            offset = replica * layout.size
+            for stream in pipeline_streams(placement, layout.size):
+                group = dist.new_group(sorted({offset + stream.src, offset + stream.dst}), backend=backend)
+                if layout.replica_of(rank) == replica:
+                    mine[(stream.name, stream.src, stream.dst)] = group
     control = dist.new_group(list(range(layout.world_size)), backend="gloo")
     stage = None
     if layout.replicas > 1:

@@ -127,13 +127,13 @@ class P2PBackend:
     tagged: Callable[[torch.device], bool] = _never
 
 
-def _dist_isend(t: Tensor, dst: int, group: Any, tag: int = 0) -> Any:
+def dist_isend(t: Tensor, dst: int, group: Any, tag: int = 0) -> Any:
     """``dist.isend`` minus its per-call argument checks (the frames are always contiguous uint8)."""
     pg = dist.group.WORLD if group is None else group
     return pg.send([t], dist.get_group_rank(pg, dst), tag)
 
 
-def _dist_irecv(t: Tensor, src: int, group: Any, tag: int = 0) -> Any:
+def dist_irecv(t: Tensor, src: int, group: Any, tag: int = 0) -> Any:
     pg = dist.group.WORLD if group is None else group
     return pg.recv([t], dist.get_group_rank(pg, src), tag)
 
@@ -149,7 +149,7 @@ def _gloo_frames(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-DIST_BACKEND = P2PBackend(isend=_dist_isend, irecv=_dist_irecv, completes_unwaited=_nccl_frames, tagged=_gloo_frames)
+DIST_BACKEND = P2PBackend(isend=dist_isend, irecv=dist_irecv, completes_unwaited=_nccl_frames, tagged=_gloo_frames)
 
 #: The tag of a frame announced by a ``RESIZE`` notice, where the backend keeps tags apart: the
 #: stream's own FIFO (tag 0) then only ever holds frames of the sizes both ends expect.
