@@ -47,7 +47,7 @@ def test_frames_arrive_whole_and_in_order_and_a_big_one_does_not_hold_the_sender
     for work in works:
         assert work.wait(TIMEOUT)
     assert all(torch.equal(f, r) for f, r in zip(frames, received))
-    sender.close(), receiver.close()
+    sender.conn.close(), receiver.conn.close()
 
 
 def test_a_receive_completes_unwaited_once_its_bytes_have_all_arrived():
@@ -60,7 +60,7 @@ def test_a_receive_completes_unwaited_once_its_bytes_have_all_arrived():
     while not read.is_completed() and time.monotonic() < deadline:
         time.sleep(0.001)
     assert read.is_completed() and torch.equal(into, frame)
-    sender.close(), receiver.close()
+    sender.conn.close(), receiver.conn.close()
 
 
 def test_a_closed_sender_and_a_silent_one_are_errors_within_the_timeout():
@@ -70,19 +70,19 @@ def test_a_closed_sender_and_a_silent_one_are_errors_within_the_timeout():
         receiver.irecv(torch.empty(96, dtype=torch.uint8)).wait()
     assert time.perf_counter() - start < 3
     sender.isend(_frame(50, 1)).wait(TIMEOUT)
-    sender.close()
+    sender.conn.close()
     with pytest.raises(ConnectionError, match="closed"):
         receiver.irecv(torch.empty(96, dtype=torch.uint8)).wait()  # 50 bytes, then the end
-    receiver.close()
+    receiver.conn.close()
 
 
 def test_a_send_to_a_closed_reader_fails_instead_of_hanging():
     sender, receiver = _pair(timedelta(seconds=1))
-    receiver.close()
+    receiver.conn.close()
     with pytest.raises(OSError):
         for i in range(64):  # the first writes may still land in the kernel's buffers
             sender.isend(_frame(1 << 20, i)).wait(TIMEOUT)
-    sender.close()
+    sender.conn.close()
 
 
 def _hello(port: int, rank: int, index: int, version: int = VERSION) -> socket.socket:
@@ -150,7 +150,7 @@ def test_the_writer_keeps_the_order_of_frames_sent_while_it_writes():
     reader.join(10)
     assert all(w.wait(TIMEOUT) for w in works)
     assert len(received) == len(frames) and all(torch.equal(a, b) for a, b in zip(frames, received))
-    sender.close(), receiver.close()
+    sender.conn.close(), receiver.conn.close()
 
 
 def test_a_send_completes_once_the_peer_has_the_bytes_not_when_the_kernel_took_them():
@@ -164,4 +164,4 @@ def test_a_send_completes_once_the_peer_has_the_bytes_not_when_the_kernel_took_t
     for frame in (torch.empty(big.numel(), dtype=torch.uint8), torch.empty(small.numel(), dtype=torch.uint8)):
         receiver.irecv(frame).wait()
     assert first.wait(TIMEOUT) and second.wait(TIMEOUT) and second.is_completed()
-    sender.close(), receiver.close()
+    sender.conn.close(), receiver.conn.close()

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from lightning_epipe.strategy.comm.wire import VERSION, WireError
 
 __all__ = ["CommandChannel", "SocketCommands", "connect_commands", "advertised_host", "accept_named", "address_record",
-           "parse_record", "read_exactly", "ADDRESS_BYTES"]
+           "listen_and_gather", "parse_record", "read_exactly", "ADDRESS_BYTES"]
 
 #: What a server sends first on its connection: a magic number, its wire version and its global rank.
 HELLO = struct.Struct("=qqq")
@@ -122,20 +122,28 @@ def parse_record(record: torch.Tensor) -> tuple[str, int]:
     return host, int(port)
 
 
+def listen_and_gather(listen: bool, backlog: int, control_group: Any,
+                      main_address: Optional[str]) -> tuple[Optional[socket.socket], list[torch.Tensor]]:
+    """A collective over ``control_group``: where ``listen``, a listener on an ephemeral port of
+    :func:`advertised_host`; then every rank's address record (``parse_record``; all zeros where a
+    rank does not listen), indexed by rank in the group."""
+    listener, record = None, torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
+    if listen:
+        host = advertised_host(main_address)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.create_server((host, 0), family=family, backlog=max(1, backlog))
+        record = address_record(host, listener.getsockname()[1])
+    records = [torch.zeros_like(record) for _ in range(dist.get_world_size(control_group))]
+    dist.all_gather(records, record, group=control_group)
+    return listener, records
+
+
 def connect_commands(pipeline_rank: int, size: int, offset: int, global_rank: int, control_group: Any,
                      timeout: timedelta, main_address: Optional[str]) -> Optional[SocketCommands]:
     """This rank's command connections (a collective over ``control_group``, every rank of the
     world): a client's to each of its ``size - 1`` servers (global ranks ``offset + 1 ..``), a
     server's to its client; ``None`` for a pipeline of one rank."""
-    listener = None
-    record = torch.zeros(ADDRESS_BYTES, dtype=torch.uint8)
-    if pipeline_rank == 0 and size > 1:
-        host = advertised_host(main_address)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.create_server((host, 0), family=family, backlog=size)
-        record = address_record(host, listener.getsockname()[1])
-    records = [torch.zeros_like(record) for _ in range(dist.get_world_size(control_group))]
-    dist.all_gather(records, record, group=control_group)
+    listener, records = listen_and_gather(pipeline_rank == 0 and size > 1, size, control_group, main_address)
     if size == 1:
         return None
     if listener is not None:

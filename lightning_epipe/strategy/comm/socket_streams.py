@@ -21,7 +21,7 @@ frame follows its notice on the same connection, as it does on gloo under a tag 
 
 Connections (:func:`connect_streams`, every rank of the world together, once per process):
 every rank listens on an ephemeral port of the address it reaches ``MASTER_ADDR`` from
-(``command_channel.advertised_host``), one all-gather on the control group tells every rank
+(``command_channel.listen_and_gather``), one all-gather on the control group tells every rank
 every address, and each stream's sender connects to its receiver and names the stream (a
 hello: magic, wire version, global rank, stream index). Errors: a wait past the timeout
 raises :class:`TimeoutError`, a peer that closed its end :class:`ConnectionError` (both
@@ -41,10 +41,8 @@ from datetime import timedelta
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 
-from lightning_epipe.strategy.comm.command_channel import (ADDRESS_BYTES, accept_named, address_record,
-                                                           advertised_host, parse_record)
+from lightning_epipe.strategy.comm.command_channel import accept_named, listen_and_gather, parse_record
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import P2PBackend, dist_irecv, dist_isend
 from lightning_epipe.strategy.comm.wire import VERSION
@@ -124,7 +122,7 @@ class SocketStream:
         self._outq = bytearray(4)  # TIOCOUTQ's answer
         self._submitted = 0  # bytes of every frame sent so far
         self._handed = 0  # of those, handed to the kernel
-        self._writes: "queue.SimpleQueue[Optional[_Write]]" = queue.SimpleQueue()
+        self._writes: "queue.SimpleQueue[_Write]" = queue.SimpleQueue()
         self._queued = 0  # writes handed to the writer and not finished (this thread's count)
         self._finished = 0  # of those, finished (the writer's count)
         self._writer: Optional[threading.Thread] = None
@@ -163,8 +161,6 @@ class SocketStream:
     def _write_loop(self) -> None:
         while True:
             write = self._writes.get()
-            if write is None:
-                return
             try:
                 if self._failed is not None:
                     raise self._failed
@@ -207,10 +203,6 @@ class SocketStream:
         # frame smaller than a segment): the sender times its sends by their acknowledgement
         self.conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writes.put(None)
-        self.conn.close()
 
 
 def connect_streams(placement: str, size: int, offset: int, global_rank: int, control_group: Any,
@@ -221,12 +213,8 @@ def connect_streams(placement: str, size: int, offset: int, global_rank: int, co
     me = global_rank - offset
     streams = pipeline_streams(placement, size)
     incoming = {i: s for i, s in enumerate(streams) if s.dst == me}
-    host = advertised_host(main_address)
-    listener = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                    backlog=max(1, len(incoming)))
-    record = address_record(host, listener.getsockname()[1])
-    records = [torch.zeros(ADDRESS_BYTES, dtype=torch.uint8) for _ in range(dist.get_world_size(control_group))]
-    dist.all_gather(records, record, group=control_group)
+    listener, records = listen_and_gather(True, len(incoming), control_group, main_address)
+    assert listener is not None
     mine: dict[tuple[str, int, int], SocketStream] = {}
     with listener:
         for index, s in enumerate(streams):

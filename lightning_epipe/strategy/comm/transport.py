@@ -75,8 +75,8 @@ Key = tuple[int, int, int]  # (kind, micro-batch, tensor index)
 #: A command's kind as a plain int (tested on every message: an int compared with an enum member costs more)
 _COMMAND = int(Kind.CONTROL)
 
-#: A host-memory receive (gloo) whose wait returns within this many seconds had landed before
-#: it was needed (NCCL's wait returns at once on the host; there ``is_completed`` tells).
+#: A host-memory receive on a backend that completes it only once waited on (gloo) whose wait
+#: returns within this many seconds had landed before it was needed (elsewhere ``is_completed`` tells).
 ARRIVED_S = 100e-6
 
 
