@@ -71,6 +71,12 @@ ARGUMENTS = """\
             Under ``precision="16-mixed"`` they cross raw and the GradScaler skips the step on every rank.
         checkpoint: activation recomputation per stage (torchgpipe's): ``"always"``,
             ``"except_last"`` (all micro-batches but the last) or ``"never"``.
+        start_ahead: at the end of each training batch a server runs the next step's forward at
+            once where the client has already begun that step (GPipe, automatic optimization),
+            before the rest of Lightning's work between the two steps on that rank: the first
+            stage's step boundary is on the critical path of every step. Set ``False`` where a
+            hook changes a server's weights or buffers between steps (``on_train_batch_end``,
+            ``on_train_batch_start``; epoch ends excepted: a server never starts ahead across one).
         timeout: bound on every wait for a peer (and the process group's collectives).
         start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).
@@ -100,6 +106,7 @@ class PipelineConfig:
     placement: str = "client-server"
     nonfinite: str = "raise"
     checkpoint: str = "never"
+    start_ahead: bool = True
     timeout: timedelta = timedelta(minutes=10)
     start_method: str = "popen"
     process_group_backend: Optional[str] = None
@@ -126,6 +133,8 @@ class PipelineConfig:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {self.start_method!r}")
         if not isinstance(self.error_feedback, bool):
             raise ValueError(f"error_feedback must be True or False, got {self.error_feedback!r}")
+        if not isinstance(self.start_ahead, bool):
+            raise ValueError(f"start_ahead must be True or False, got {self.start_ahead!r}")
         check_bind_cores(self.bind_cores)
         self.codec_book(num_cuts=None)  # every codec name and argument, before any process starts
 

@@ -61,6 +61,7 @@ from lightning_epipe.strategy.planning.plan import plan_for
 from lightning_epipe.strategy.rank_topology import RankTopology
 from lightning_epipe.strategy.server_data import server_dataloader
 from lightning_epipe.strategy.sigterm_broadcast import StepStartSignal, install_sigterm_handling
+from lightning_epipe.strategy.start_ahead import StartAhead
 
 __all__ = ["EPipeStrategy"]
 
@@ -100,6 +101,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         placement: Literal["client-server", "chain"] = "client-server",
         nonfinite: Literal["raise", "skip"] = "raise",
         checkpoint: Literal["always", "except_last", "never"] = "never",
+        start_ahead: bool = True,
         timeout: timedelta = timedelta(minutes=10),
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         process_group_backend: Optional[str] = None,
@@ -118,7 +120,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
             gradient_compressor=gradient_compressor, compressor_kwargs=compressor_kwargs, error_feedback=error_feedback,
             delta_compression=delta_compression, delta_first=delta_first, delta_cache_limit=delta_cache_limit,
             balance=balance, replicas=replicas, pipeline=pipeline, placement=placement, nonfinite=nonfinite,
-            checkpoint=checkpoint, timeout=timeout, start_method=start_method,
+            checkpoint=checkpoint, start_ahead=start_ahead, timeout=timeout, start_method=start_method,
             process_group_backend=process_group_backend, verify_checksum=verify_checksum, bind_cores=bind_cores,
         )
         self._backend = process_group_backend  # resolved in setup_environment
@@ -268,6 +270,9 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
                                                     trainer.state.fn == TrainerFn.FITTING, clients)
         if not any(isinstance(cb, CallbackMetricsSync) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, CallbackMetricsSync(self.root_device))
+        trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, StartAhead)]
+        if self.config.start_ahead and not self.is_client:
+            trainer.callbacks.insert(0, StartAhead(lambda: self._steps.start_next_step(self.precision_plugin.train_step_context())))
         if self.is_client:
             log.info("EPipeStrategy plan: balance=%s ranks=%s codecs=%s", plan.balance, plan.stage_ranks, self.compressor_description())
 
@@ -421,3 +426,4 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         strategy_registry.register(
             "epipe_spawn", cls, description="GPipe pipeline with compressed cuts, spawned processes", start_method="spawn"
         )
+

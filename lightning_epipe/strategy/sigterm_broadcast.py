@@ -133,6 +133,8 @@ class StepStartSignal:
 
     def __call__(self) -> None:
         if not self.is_client:
+            if self.runtime.started_ahead:  # read with the step's FORWARD (server_loop.start_next_step)
+                return
             command = self.runtime.next_command().command
             if command == Command.STOP:
                 raise SIGTERMException()

@@ -127,6 +127,24 @@ def reference(steps: int, batch_size: int, clip: float | None = None, accumulate
     return model
 
 
+class SlowOptimizerStep(L.Callback):
+    """Rank ``rank`` takes ``seconds`` longer before each optimizer step (a slow first stage)."""
+
+    def __init__(self, rank: int, seconds: float) -> None:
+        self.rank, self.seconds = rank, seconds
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_rank == self.rank:
+            time.sleep(self.seconds)
+
+
+class PrintStartedAhead(L.Callback):
+    """Every rank prints how many training steps it started ahead of Lightning's (servers only)."""
+
+    def on_train_end(self, trainer, pl_module):
+        print(f"rank {trainer.global_rank} started {trainer.strategy._steps.steps_started_ahead} steps ahead", flush=True)
+
+
 class PrintCores(L.Callback):
     """Every rank prints the CPU cores its process, and gloo's threads, may run on."""
 
@@ -279,6 +297,9 @@ def main() -> None:
     p.add_argument("--accelerator", default="cpu")
     p.add_argument("--backend", default=None, help="process_group_backend, e.g. gloo between GPUs")
     p.add_argument("--bind-cores", action="store_true", help="every rank prints the CPU cores it runs on")
+    p.add_argument("--no-start-ahead", action="store_true", help="EPipeStrategy(start_ahead=False)")
+    p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-seconds before each optimizer step")
+    p.add_argument("--slow-seconds", type=float, default=0.1)
     args = p.parse_args()
 
     strategy = EPipeStrategy(
@@ -287,7 +308,7 @@ def main() -> None:
         checkpoint=args.checkpoint, compressor_kwargs=json.loads(args.compressor_kwargs),
         error_feedback=args.error_feedback, replicas=args.replicas, delta_compression=args.delta, delta_cache_limit=args.delta_cache_limit,
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
-        process_group_backend=args.backend, bind_cores=args.bind_cores,
+        process_group_backend=args.backend, bind_cores=args.bind_cores, start_ahead=not args.no_start_ahead,
     )
     manual_clip = None
     if args.manual_clip:
@@ -298,7 +319,9 @@ def main() -> None:
         model.example_input_array = torch.zeros(8, 16)
     if args.compressor == "bottleneck":  # real samples: the bottlenecks start from their PCA
         model.example_input_array = make_data().tensors[0][:64]
-    callbacks = []
+    callbacks = [PrintStartedAhead()]
+    if args.slow_rank is not None:
+        callbacks.append(SlowOptimizerStep(args.slow_rank, args.slow_seconds))
     extra = dict(gradient_clip_val=args.clip, accumulate_grad_batches=args.accumulate)
     if args.fault:
         callbacks.append(InjectFault(args.fault, args.fault_rank, args.fault_step))

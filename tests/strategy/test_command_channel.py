@@ -44,6 +44,31 @@ def test_commands_arrive_whole_and_in_order_with_their_fields():
     assert client.sends_in_flight == 0  # nothing for flush to wait on
 
 
+def test_commands_that_arrived_are_seen_whole_and_left_unread_without_waiting():
+    """``Transport.commands_arrived``: what a server looks at to start the next step ahead."""
+    client, server = _ends(offset=2)
+    assert server.commands_arrived(0, 2) == []  # nothing yet: at once, no timeout
+    first, second = Header.command(Command.BATCH_START, 3), Header.command(Command.FORWARD, 4, 8, flags=5)
+    client.send(1, first)
+    _settle(server, 1)
+    assert server.commands_arrived(0, 2) == [first.framed(0)]  # one of the two asked for
+    client.send(1, second)
+    _settle(server, 2)
+    assert server.commands_arrived(0, 2) == server.commands_arrived(0, 3) == [first.framed(0), second.framed(0)]
+    got = [server.recv(0, "a command", idle=True, kind=Kind.CONTROL).header for _ in range(2)]
+    assert got == [first.framed(0), second.framed(0)]  # still there to read, in order
+    assert server.commands_arrived(0, 2) == []
+
+
+def _settle(server: Transport, count: int) -> None:
+    """Wait until ``count`` commands have reached ``server`` (loopback: at once, nearly)."""
+    for _ in range(1000):
+        if len(server.commands_arrived(0, count)) == count:
+            return
+        threading.Event().wait(0.001)
+    raise AssertionError(f"{count} commands never arrived")
+
+
 def test_a_silent_client_is_an_error_within_the_timeout_that_names_it():
     _, server = _ends(offset=2)
     with pytest.raises(PeerError, match=r"rank 3: rank 2 sent nothing for 0:00:00.5.* while waiting for the next command"):

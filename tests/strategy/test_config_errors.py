@@ -38,6 +38,7 @@ class NoSequential(L.LightningModule):
         (dict(timeout=5), "timedelta"),
         (dict(balance="memory"), "balance must be"),
         (dict(error_feedback="gradient"), "error_feedback must be True or False"),
+        (dict(start_ahead="yes"), "start_ahead must be True or False"),
         (dict(replicas=0), "replicas must be a positive integer"),
         (dict(schedule="interleaved"), "schedule must be 'gpipe' or '1f1b'"),
         (dict(compressor="bottleneck", compressor_kwargs={"ratio": 2}), "ratio must be a number in"),

@@ -17,6 +17,7 @@ class _Commands:
     def __init__(self, headers: list[Header]) -> None:
         self.headers = headers
         self.discarded = 0
+        self.started_ahead = False
 
     def next_command(self) -> ControlMessage:
         h = self.headers.pop(0)

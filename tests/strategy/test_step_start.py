@@ -17,6 +17,7 @@ class _Runtime:
 
     def __init__(self, rank: int, incoming: Command = Command.BATCH_START) -> None:
         self.rank, self.incoming, self.sent, self.flushed = rank, incoming, [], 0
+        self.started_ahead = False  # server_loop.start_next_step read BATCH_START with the step's FORWARD
         self.transport = SimpleNamespace(flush=self._flush)
 
     def _flush(self) -> None:
@@ -50,3 +51,14 @@ def test_a_server_goes_on_at_batch_start_and_stops_at_stop():
 def test_a_server_that_reads_another_command_where_a_batch_starts_names_it():
     with pytest.raises(WireError, match="FORWARD where a training batch starts"):
         StepStartSignal(trainer=None, runtime=_Runtime(rank=2, incoming=Command.FORWARD))()
+
+
+def test_a_server_that_started_the_step_ahead_reads_nothing_where_it_starts():
+    """BATCH_START was read with the step's FORWARD (server_loop.start_next_step): what comes
+    next is the step's own commands, not for the batch start to read."""
+    runtime = _Runtime(rank=1, incoming=Command.FINISH_STEP)
+    runtime.started_ahead = True
+    StepStartSignal(trainer=None, runtime=runtime)()
+    runtime.started_ahead = False
+    with pytest.raises(WireError, match="FINISH_STEP where a training batch starts"):
+        StepStartSignal(trainer=None, runtime=runtime)()

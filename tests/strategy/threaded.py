@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import threading
+import time
 from datetime import timedelta
 from typing import Callable, Optional
 
@@ -25,7 +26,7 @@ from lightning_epipe.strategy.engine.microbatch import batch_size, scatter
 from lightning_epipe.strategy.planning.partition import plan_pipeline
 from lightning_epipe.strategy.engine.replicas import ReplicaLayout
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step
+from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, serve_step, start_next_step
 from lightning_epipe.strategy.engine.stats import PipelineStats
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import Transport
@@ -68,9 +69,11 @@ def _sgd(module: nn.Module) -> None:
 
 
 def _client(runtime: PipelineRuntime, stages: nn.Module, batches, chunks: int, schedule: str,
-            open_ends: list[tuple[int, int]]) -> None:
+            open_ends: list[tuple[int, int]], ahead: bool) -> None:
     for x, y in batches:
         microbatches, targets = scatter(x, chunks), scatter(y, chunks)
+        if ahead:  # as the strategy's StepStartSignal does where Lightning starts a training batch
+            runtime.command(Command.BATCH_START)
         runtime.begin_step(len(microbatches))
         flags = StepFlag.GRAD_ENABLED | (StepFlag.ONE_F_ONE_B if schedule == "1f1b" else 0)
         runtime.command(Command.FORWARD, len(microbatches), flags=flags)
@@ -98,23 +101,37 @@ def _no_clip(index: int, algorithm, value: float) -> None:
     raise AssertionError("automatic optimization sends no CLIP_GRADIENTS")
 
 
-def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int, open_ends: list[tuple[int, int]]) -> None:
-    """The strategy's own server loop; Lightning's part (backward, optimizer step) done by hand."""
+def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int, open_ends: list[tuple[int, int]],
+            ahead: Optional[bool], timeout: float) -> None:
+    """The strategy's own server loop; Lightning's part (backward, optimizer step) done by hand.
+    ``ahead``: the client starts each step with ``BATCH_START``, and after each optimizer step
+    but the last this rank waits until the next step's commands have arrived and starts it
+    ahead (``start_next_step``), which must return ``ahead`` (False: a 1F1B step stays put)."""
     hooks = ServerHooks(after_backward=lambda: None, optimizer_step=_no_optimizer_step,
                         set_gradients_aside=contextlib.nullcontext,  # 1F1B's gradients stay for the SGD below
                         clip_gradients=_no_clip)
-    for _ in range(steps):
+    for step in range(steps):
+        if ahead is not None and not runtime.started_ahead:
+            assert runtime.next_command().command == Command.BATCH_START
         assert serve_step(runtime, hooks, training=True) is StepEnd.FINISHED
         runtime.backward()
         open_ends.append(runtime.open_ends)
         _sgd(stages)
+        if ahead is not None and step + 1 < steps:
+            deadline = time.monotonic() + timeout
+            while len(runtime.commands_arrived(2)) < 2:
+                assert time.monotonic() < deadline, "the client's next step never started"
+                time.sleep(0.001)
+            assert start_next_step(runtime, hooks) is ahead
 
 
 def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas: int = 1, rule: str = "nccl",
                  shared_streams: bool = False, steps: int = 2, rows: int = 16, timeout: float = 20.0,
-                 make: Callable[[], nn.Sequential] = make_layers, balance: Optional[list[int]] = None):
+                 make: Callable[[], nn.Sequential] = make_layers, balance: Optional[list[int]] = None,
+                 ahead: bool = False):
     """Train ``steps`` SGD steps on ``replicas`` pipelines of ``size`` ranks (each replica on the
     same batches) of the layers ``make()`` builds, split by ``balance`` (default: by parameters);
+    ``ahead``: servers start every GPipe step but the first ahead (``server_loop.start_next_step``);
     returns ``(weights, fabric, plan, batches)``: every stage's trained Sequential per global rank;
     ``fabric.open_ends[rank]`` holds the rank's sends still unflushed after each step."""
     layout = ReplicaLayout(size * replicas, replicas)
@@ -138,9 +155,9 @@ def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas
             runtime = PipelineRuntime(plan, prank, layers, transport, codecs, PipelineStats())
             stages = nn.ModuleList(runtime.stages.values())
             if prank == 0:
-                _client(runtime, stages, batches, chunks, schedule, fabric.open_ends[rank])
+                _client(runtime, stages, batches, chunks, schedule, fabric.open_ends[rank], ahead)
             else:
-                _server(runtime, stages, steps, fabric.open_ends[rank])
+                _server(runtime, stages, steps, fabric.open_ends[rank], (schedule == "gpipe") if ahead else None, timeout)
             transport.flush()
             trained[rank] = layers
         except BaseException as err:  # noqa: BLE001 - reported by the caller

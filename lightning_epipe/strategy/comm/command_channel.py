@@ -23,9 +23,11 @@ closed its end :class:`ConnectionError` (both ``OSError``); the transport turns 
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import socket
 import struct
+import termios
 from datetime import timedelta
 from typing import Any, Callable, Optional, Protocol
 
@@ -35,7 +37,7 @@ import torch.distributed as dist
 from lightning_epipe.strategy.comm.wire import VERSION, WireError
 
 __all__ = ["CommandChannel", "SocketCommands", "connect_commands", "advertised_host", "accept_named", "address_record",
-           "listen_and_gather", "parse_record", "read_exactly", "ADDRESS_BYTES"]
+           "listen_and_gather", "parse_record", "read_exactly", "bytes_waiting", "ADDRESS_BYTES"]
 
 #: What a server sends first on its connection: a magic number, its wire version and its global rank.
 HELLO = struct.Struct("=qqq")
@@ -53,6 +55,10 @@ class CommandChannel(Protocol):
     def recv(self, peer: int, nbytes: int) -> bytes:
         """The next ``nbytes`` from ``peer``; ``TimeoutError`` past the timeout, ``ConnectionError`` if it closed."""
 
+    def arrived(self, peer: int, nbytes: int) -> bytes:
+        """Up to ``nbytes`` of what ``peer`` sent that has arrived and is still unread, left
+        unread (never waits; empty when nothing has arrived or the peer closed)."""
+
 
 class SocketCommands:
     """One TCP connection per peer (global rank -> socket), Nagle off, every call bounded by ``timeout``."""
@@ -68,6 +74,18 @@ class SocketCommands:
 
     def recv(self, peer: int, nbytes: int) -> bytes:
         return read_exactly(self.connections[peer], nbytes)
+
+    def arrived(self, peer: int, nbytes: int) -> bytes:
+        conn = self.connections[peer]
+        readable = min(nbytes, bytes_waiting(conn))  # a recv on a socket with a timeout would wait for more
+        return conn.recv(readable, socket.MSG_PEEK) if readable else b""
+
+
+def bytes_waiting(conn: socket.socket) -> int:
+    """Bytes that have arrived on ``conn`` and wait to be read (``FIONREAD``)."""
+    count = bytearray(4)
+    fcntl.ioctl(conn.fileno(), termios.FIONREAD, count)
+    return int.from_bytes(count, "little")
 
 
 def read_exactly(conn: socket.socket, nbytes: int) -> bytes:

@@ -184,3 +184,7 @@ class MemoryCommands:
         if len(data) != nbytes:
             raise ConnectionError(f"a command of {len(data)} bytes where {nbytes} were expected")
         return data
+
+    def arrived(self, peer: int, nbytes: int) -> bytes:
+        with self.fabric.cond:
+            return b"".join(self.fabric.command_queues[(peer, self.rank)])[:nbytes]

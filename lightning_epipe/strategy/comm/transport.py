@@ -489,6 +489,15 @@ class Transport:
             payload = payload.to(self.device, non_blocking=True)  # host-staged: onto the GPU, from pinned memory
         return Received(header, payload, nbytes)
 
+    def commands_arrived(self, peer: int, count: int) -> list[Header]:
+        """The headers of ``peer``'s next ``count`` commands, as many of them as have arrived
+        whole, left unread: never waits (none without a command channel)."""
+        if self.commands is None:
+            return []
+        data = self.commands.arrived(self.offset + peer, count * HEADER_NBYTES)
+        link = self.link(peer, outgoing=False)
+        return [Header.from_bytes(data[i:i + HEADER_NBYTES], link) for i in range(0, len(data) - HEADER_NBYTES + 1, HEADER_NBYTES)]
+
     def _recv_command(self, peer: int, what: str, idle: bool, link: str, expect: Mapping[str, int]) -> Received:
         """The next command from ``peer`` on the command channel."""
         start = time.perf_counter()

@@ -27,7 +27,8 @@ from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command
 from lightning_epipe.strategy.engine.after_backward import finish_backward
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
-from lightning_epipe.strategy.engine.server_loop import ServerHooks, StepEnd, clip_optimizer, serve_step, step_optimizer
+from lightning_epipe.strategy.engine.server_loop import (ServerHooks, StepEnd, clip_optimizer, serve_step, start_next_step,
+                                                         step_optimizer)
 
 __all__ = ["RankSteps"]
 
@@ -45,6 +46,7 @@ class RankSteps:
     stage_group: Optional[Any]  # replicas > 1: the ranks holding this rank's stages
     replicas: int
     skip_backward: bool = field(default=False, init=False)
+    steps_started_ahead: int = field(default=0, init=False)  # server: steps whose forward ran before Lightning's step
 
     @property
     def is_client(self) -> bool:
@@ -70,12 +72,14 @@ class RankSteps:
             output = getattr(self.module, hook)(*args, **kwargs)
         return self._skipped_step_loss() if self.client.end(self.runtime, output, training, automatic) else output
 
+    def _server_hooks(self) -> ServerHooks:
+        return ServerHooks(after_backward=self.after_backward, optimizer_step=partial(step_optimizer, self.module),
+                           set_gradients_aside=lambda: self.client.stash.set_aside(self.module),
+                           clip_gradients=partial(clip_optimizer, self.module))
+
     def _serve(self, training: bool, automatic: bool) -> Optional[Tensor]:
         """A server's step hook: what Lightning expects back once the client ended the step."""
-        hooks = ServerHooks(after_backward=self.after_backward, optimizer_step=partial(step_optimizer, self.module),
-                            set_gradients_aside=lambda: self.client.stash.set_aside(self.module),
-                            clip_gradients=partial(clip_optimizer, self.module))
-        end = serve_step(self.runtime, hooks, training)
+        end = serve_step(self.runtime, self._server_hooks(), training)
         if end is StepEnd.STOPPED:  # as the client did: Lightning's way out on SIGTERM
             raise SIGTERMException()
         if end is StepEnd.SKIPPED:
@@ -90,6 +94,16 @@ class RankSteps:
         :meth:`backward` drops every gradient, so the optimizer updates nothing."""
         self.skip_backward = True
         return torch.zeros((), device=self.device, requires_grad=True)
+
+    def start_next_step(self, context: ContextManager[Any]) -> None:
+        """After this rank's optimizer step, between two training batches of an epoch: a server
+        (automatic optimization) starts the client's next step at once if the client has begun
+        it (``server_loop.start_next_step``), under the training step's ``context``."""
+        if self.is_client or not self.module.automatic_optimization:
+            return
+        with context:
+            if start_next_step(self.runtime, self._server_hooks()):
+                self.steps_started_ahead += 1
 
     def backward(self, loss: Tensor, backward_on_client: Callable[[Tensor], Tensor]) -> Tensor:
         """Lightning's backward of ``loss``: on the client ``backward_on_client(loss)`` (Lightning's

@@ -141,6 +141,7 @@ class PipelineRuntime:
         self.nonfinite_seen = False  # this step sent NaN/Inf (nonfinite="skip")
         self.checkpoint = checkpoint  # "always" | "except_last" | "never"
         self.step = 0
+        self.started_ahead = False  # server: this step's forward ran before Lightning's step (server_loop.start_next_step)
         self.num_microbatches = 0
         self.microbatches_run = 0  # micro-batches of every step begun so far (auto's compute per micro-batch)
         self.samples: dict[tuple[str, int], Tensor] = {}  # (direction, cut) -> last tensor sent on an auto link
@@ -217,6 +218,16 @@ class PipelineRuntime:
             )
         clip = h.clip_args(self.transport.link(0, False)) if command == Command.CLIP_GRADIENTS else None
         return ControlMessage(command, h.step, h.num_microbatches, h.microbatch, h.flags, clip)
+
+    def commands_arrived(self, count: int) -> list[tuple[Command, int]]:
+        """Server only: the client's next ``count`` commands, as many as have arrived, left
+        unread (never waits); with their step flags: ``[(command, flags), ...]``."""
+        arrived = []
+        for h in self.transport.commands_arrived(0, count):
+            if h.arg not in Command._value2member_map_:
+                break  # next_command names it
+            arrived.append((Command(h.arg), h.flags))
+        return arrived
 
     # ------------------------------------------------------------------ forward
 

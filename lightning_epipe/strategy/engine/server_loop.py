@@ -21,6 +21,8 @@ reads the client's commands (``comm/command_channel``) and drives this rank's
 
 Before every training batch, where Lightning would broadcast rank 0's SIGTERM flag, the
 server reads ``BATCH_START`` (go on) or ``STOP`` (``sigterm_broadcast.StepStartSignal``).
+Where the client is already a step ahead, a server reads both at the end of its optimizer
+step instead and runs the next step's forward there (:func:`start_next_step`).
 """
 
 from __future__ import annotations
@@ -33,10 +35,10 @@ import torch
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
 from lightning_epipe.strategy.engine.microbatch import scatter
-from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+from lightning_epipe.strategy.engine.runtime import ControlMessage, PipelineRuntime
 from lightning_epipe.strategy.comm.wire import ClipAlgorithm, Command, StepFlag
 
-__all__ = ["StepEnd", "ServerHooks", "serve_step", "step_optimizer", "clip_optimizer"]
+__all__ = ["StepEnd", "ServerHooks", "serve_step", "start_next_step", "step_optimizer", "clip_optimizer"]
 
 
 class StepEnd(enum.Enum):
@@ -60,20 +62,11 @@ class ServerHooks:
 
 def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> StepEnd:
     """Follow the client's commands for one step; returns how the client ended it."""
-    forwarded = False
+    forwarded, runtime.started_ahead = runtime.started_ahead, False
     while True:
         msg = runtime.next_command()
         if msg.command == Command.FORWARD:
-            runtime.begin_step(msg.num_microbatches)
-            if msg.flags & StepFlag.SAMPLE_IDS:
-                ids, num_samples = runtime.recv_sample_ids()
-                runtime.sample_ids, runtime.num_samples = scatter(ids, msg.num_microbatches), num_samples
-            with torch.set_grad_enabled(bool(msg.flags & StepFlag.GRAD_ENABLED)):
-                if msg.flags & StepFlag.ONE_F_ONE_B:
-                    with hooks.set_gradients_aside():
-                        runtime.run_1f1b()
-                else:
-                    runtime.forward()
+            _forward(runtime, msg, hooks)
             forwarded = True
         elif msg.command == Command.BACKWARD:
             runtime.backward()
@@ -94,6 +87,39 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
             return StepEnd.EVALUATED
         else:
             raise RuntimeError(f"pipeline rank {runtime.rank}: unexpected command {msg.command.name}")
+
+
+def start_next_step(runtime: PipelineRuntime, hooks: ServerHooks) -> bool:
+    """Between two training steps, once this rank's optimizer step is done: if the client has
+    already started the next step (its ``BATCH_START`` and a GPipe training ``FORWARD`` have
+    both arrived), read them and run this rank's forward now, ahead of Lightning's work between
+    the steps (its hooks, the loop, the next ``training_step``), which then finds the forward
+    done (``runtime.started_ahead``). On the first stage's rank that work is on the critical
+    path of every step: the whole pipeline waits for its forward. True if the step started."""
+    arrived = runtime.commands_arrived(2)
+    if [command for command, _ in arrived] != [Command.BATCH_START, Command.FORWARD]:
+        return False
+    flags = arrived[1][1]
+    if not flags & StepFlag.GRAD_ENABLED or flags & StepFlag.ONE_F_ONE_B:
+        return False
+    runtime.next_command()  # BATCH_START: the client did not stop
+    _forward(runtime, runtime.next_command(), hooks)
+    runtime.started_ahead = True
+    return True
+
+
+def _forward(runtime: PipelineRuntime, msg: ControlMessage, hooks: ServerHooks) -> None:
+    """``FORWARD``: begin the step and run this rank's forward (or the whole step under 1F1B)."""
+    runtime.begin_step(msg.num_microbatches)
+    if msg.flags & StepFlag.SAMPLE_IDS:
+        ids, num_samples = runtime.recv_sample_ids()
+        runtime.sample_ids, runtime.num_samples = scatter(ids, msg.num_microbatches), num_samples
+    with torch.set_grad_enabled(bool(msg.flags & StepFlag.GRAD_ENABLED)):
+        if msg.flags & StepFlag.ONE_F_ONE_B:
+            with hooks.set_gradients_aside():
+                runtime.run_1f1b()
+        else:
+            runtime.forward()
 
 
 def step_optimizer(module: Any, index: int) -> None:
