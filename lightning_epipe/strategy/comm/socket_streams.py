@@ -42,7 +42,7 @@ from typing import Any, Optional
 
 import torch
 
-from lightning_epipe.strategy.comm.command_channel import accept_named, bytes_waiting, listen_and_gather, parse_record
+from lightning_epipe.strategy.comm.command_channel import accept_named, listen_and_gather, parse_record
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import P2PBackend, dist_irecv, dist_isend
 from lightning_epipe.strategy.comm.wire import VERSION
@@ -118,6 +118,7 @@ class SocketStream:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         conn.settimeout(timeout.total_seconds())  # non-blocking underneath: os.write below never waits
         self._fd = conn.fileno()
+        self._count = bytearray(4)  # FIONREAD's answer
         self._outq = bytearray(4)  # TIOCOUTQ's answer
         self._submitted = 0  # bytes of every frame sent so far
         self._handed = 0  # of those, handed to the kernel
@@ -185,8 +186,9 @@ class SocketStream:
         return _Read(self, frame)
 
     def readable(self) -> int:
-        """Bytes that have arrived and wait to be read."""
-        return bytes_waiting(self.conn)
+        """Bytes that have arrived and wait to be read (``FIONREAD``; polled often: no allocation)."""
+        fcntl.ioctl(self._fd, termios.FIONREAD, self._count)
+        return int.from_bytes(self._count, "little")
 
     def read_into(self, frame: torch.Tensor) -> None:
         """Read exactly ``frame.numel()`` bytes into ``frame`` (bounded by the timeout)."""
