@@ -2,6 +2,7 @@
 
     python benchmarks/engine_baseline.py --baseline 7a93515
     python benchmarks/engine_baseline.py --baseline HEAD~1 --cells 2:512:1 --steps 150 --repeats 7
+    python benchmarks/engine_baseline.py --baseline HEAD --baseline-strategy '{"start_ahead": false}'
 
 Default: 100 steps a run, 5 repetitions, the cells ``2:128:1 2:512:1 2:128:8 3:1024:1``.
 
@@ -16,15 +17,19 @@ each one's median samples/s over the repetitions, the median ratio this tree / `
 repetitions, its spread (min-max) and in how many repetitions this tree ran faster, and each
 EPipe against torch (median ratio). Ratios of runs made side by side are what a change is
 judged by here: samples/s of one configuration move between runs by more than most engine
-changes move them. The machine's load average is printed with the table. Writes
+changes move them. ``--baseline-strategy JSON``: strategy arguments of the baseline's runs
+(a setting against its default, ``REV`` then usually ``HEAD``). The machine's load average is
+printed with the table. Writes
 ``benchmarks/results/engine_baseline.{json,png}`` (``--out NAME``: ``NAME`` and the plot beside it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,22 +63,34 @@ def order(rep: int) -> tuple[str, ...]:
     return ("baseline", "current", "torch") if rep % 2 == 0 else ("current", "baseline", "torch")
 
 
-def config(cell: dict, engine: str, steps: int) -> dict:
-    """The worker config of ``engine`` (an EPipe, either revision, or torch) on ``cell``."""
+def config(cell: dict, engine: str, steps: int, baseline_strategy: Optional[dict] = None) -> dict:
+    """The worker config of ``engine`` (an EPipe, either revision, or torch) on ``cell``;
+    ``baseline_strategy``: the baseline EPipe's further strategy arguments."""
     cfg = base(cell, steps)
     if engine == "torch":
         return {**cfg, "kind": "pipelining", "schedule": cell["schedule"]}
-    return {**cfg, "kind": "epipe", "strategy": {"schedule": cell["schedule"]}}
+    extra = (baseline_strategy or {}) if engine == "baseline" else {}
+    return {**cfg, "kind": "epipe", "strategy": {"schedule": cell["schedule"], **extra}}
 
 
-def measure(cells: list[dict], rev_root: Path, repeats: int, steps: int) -> list[dict]:
+def label(rev: str, baseline_strategy: dict) -> str:
+    """The baseline's name in the table: ``REV``, and its strategy arguments where given.
+
+        >>> label("HEAD", {"start_ahead": False}), label("7a93515", {})
+        ('HEAD start_ahead=False', '7a93515')
+    """
+    return " ".join([rev, *(f"{k}={v}" for k, v in baseline_strategy.items())])
+
+
+def measure(cells: list[dict], rev_root: Path, repeats: int, steps: int,
+            baseline_strategy: Optional[dict] = None) -> list[dict]:
     """Run every cell ``repeats`` times, each engine once per repetition (:func:`order`);
     samples/s per engine and repetition (None where a run failed) and the errors."""
     rows = [dict(cell, **{engine: [] for engine in ENGINES}, errors=[]) for cell in cells]
     for rep in range(repeats):
         for row in rows:
             for engine in order(rep):
-                result = run(config(row, engine, steps), root=rev_root if engine == "baseline" else ROOT)
+                result = run(config(row, engine, steps, baseline_strategy), root=rev_root if engine == "baseline" else ROOT)
                 row[engine].append(result.get(RATE) or None)
                 if not result.get(RATE):
                     row["errors"].append(f"{engine}: {result.get('error')}")
@@ -133,19 +150,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--out", default="engine_baseline.json", help="file name under benchmarks/results")
+    parser.add_argument("--baseline-strategy", type=json.loads, default={}, metavar="JSON",
+                        help="strategy arguments of the baseline's runs, e.g. '{\"start_ahead\": false}'")
     args = parser.parse_args()
     cells = [parse_cell(c) for c in args.cells]
     load_before, current = load_average(), this_tree()  # the code the runs run
     baseline_commit = commit_of(args.baseline)  # resolved once: the revision the runs run
     print(load_before, flush=True)
     with exported_revision(baseline_commit) as rev_root:
-        rows = measure(cells, rev_root, args.repeats, args.steps)
-    text = table(rows, args.baseline)
+        rows = measure(cells, rev_root, args.repeats, args.steps, args.baseline_strategy)
+    name = label(args.baseline, args.baseline_strategy)
+    text = table(rows, name)
     write_json(args.out, {"baseline": args.baseline, "baseline_commit": baseline_commit,
+                          "baseline_strategy": args.baseline_strategy,
                           "current": current, "steps": args.steps, "repeats": args.repeats,
                           "load_before": load_before, "load_after": load_average(), "rows": rows,
                           "summary": [summary(r) for r in rows], "table": text})
-    print("plot:", plot(rows, args.baseline, str(Path(args.out).with_suffix(".png"))))
+    print("plot:", plot(rows, name, str(Path(args.out).with_suffix(".png"))))
     print(text)
     print(load_average())
 

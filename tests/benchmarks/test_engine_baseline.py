@@ -5,7 +5,7 @@ import subprocess
 import pytest
 
 from benchmarks.common import exported_revision, run
-from benchmarks.engine_baseline import order, parse_cell, summary, table
+from benchmarks.engine_baseline import config, label, order, parse_cell, summary, table
 
 
 def test_cells_read_as_section_0_writes_them():
@@ -20,6 +20,17 @@ def test_the_two_revisions_swap_places_every_repetition():
     assert order(0) == ("baseline", "current", "torch")
     assert order(1) == ("current", "baseline", "torch")
     assert order(2) == order(0)
+
+
+def test_baseline_strategy_arguments_reach_the_baseline_runs_only():
+    """``--baseline HEAD --baseline-strategy '{"start_ahead": false}'``: a setting against its default."""
+    cell = parse_cell("2:128:1")
+    changed = {"start_ahead": False}
+    assert config(cell, "baseline", 10, changed)["strategy"] == {"schedule": "gpipe", "start_ahead": False}
+    assert config(cell, "current", 10, changed)["strategy"] == {"schedule": "gpipe"}
+    assert config(cell, "baseline", 10)["strategy"] == {"schedule": "gpipe"}
+    assert config(cell, "torch", 10, changed)["kind"] == "pipelining"
+    assert label("HEAD", changed) == "HEAD start_ahead=False" and label("abc123", {}) == "abc123"
 
 
 def test_summary_pairs_runs_of_one_repetition():

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from lightning_epipe.strategy.comm.wire import VERSION, WireError
 
 __all__ = ["CommandChannel", "SocketCommands", "connect_commands", "advertised_host", "accept_named", "address_record",
-           "listen_and_gather", "parse_record", "read_exactly", "bytes_waiting", "ADDRESS_BYTES"]
+           "listen_and_gather", "parse_record", "read_exactly", "ADDRESS_BYTES"]
 
 #: What a server sends first on its connection: a magic number, its wire version and its global rank.
 HELLO = struct.Struct("=qqq")
@@ -77,11 +77,11 @@ class SocketCommands:
 
     def arrived(self, peer: int, nbytes: int) -> bytes:
         conn = self.connections[peer]
-        readable = min(nbytes, bytes_waiting(conn))  # a recv on a socket with a timeout would wait for more
+        readable = min(nbytes, _bytes_waiting(conn))  # a recv on a socket with a timeout would wait for more
         return conn.recv(readable, socket.MSG_PEEK) if readable else b""
 
 
-def bytes_waiting(conn: socket.socket) -> int:
+def _bytes_waiting(conn: socket.socket) -> int:
     """Bytes that have arrived on ``conn`` and wait to be read (``FIONREAD``)."""
     count = bytearray(4)
     fcntl.ioctl(conn.fileno(), termios.FIONREAD, count)

@@ -96,9 +96,9 @@ class RankSteps:
         return torch.zeros((), device=self.device, requires_grad=True)
 
     def start_next_step(self, context: ContextManager[Any]) -> None:
-        """After this rank's optimizer step, between two training batches of an epoch: a server
-        (automatic optimization) starts the client's next step at once if the client has begun
-        it (``server_loop.start_next_step``), under the training step's ``context``."""
+        """At the end of a training batch that another follows in its epoch (``start_ahead.py``): a
+        server (automatic optimization) starts the client's next step at once if the client has
+        begun it (``server_loop.start_next_step``), under the training step's ``context``."""
         if self.is_client or not self.module.automatic_optimization:
             return
         with context:

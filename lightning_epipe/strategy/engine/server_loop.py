@@ -21,8 +21,9 @@ reads the client's commands (``comm/command_channel``) and drives this rank's
 
 Before every training batch, where Lightning would broadcast rank 0's SIGTERM flag, the
 server reads ``BATCH_START`` (go on) or ``STOP`` (``sigterm_broadcast.StepStartSignal``).
-Where the client is already a step ahead, a server reads both at the end of its optimizer
-step instead and runs the next step's forward there (:func:`start_next_step`).
+Where the client is already a step ahead, a server reads both (and the step's ``FORWARD``)
+at the end of its previous batch instead and runs the step's forward there
+(:func:`start_next_step`).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
 
 
 def start_next_step(runtime: PipelineRuntime, hooks: ServerHooks) -> bool:
-    """Between two training steps, once this rank's optimizer step is done: if the client has
+    """Between two training steps, once this rank's batch has ended: if the client has
     already started the next step (its ``BATCH_START`` and a GPipe training ``FORWARD`` have
     both arrived), read them and run this rank's forward now, ahead of Lightning's work between
     the steps (its hooks, the loop, the next ``training_step``), which then finds the forward
