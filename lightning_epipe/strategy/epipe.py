@@ -270,9 +270,9 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
                                                     trainer.state.fn == TrainerFn.FITTING, clients)
         if not any(isinstance(cb, CallbackMetricsSync) for cb in trainer.callbacks):
             trainer.callbacks.insert(0, CallbackMetricsSync(self.root_device))
-        trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, StartAhead)]
+        trainer.callbacks = [cb for cb in trainer.callbacks if not isinstance(cb, StartAhead)]  # one, set up again or not
         if self.config.start_ahead and not self.is_client:
-            trainer.callbacks.insert(0, StartAhead(lambda: self._steps.start_next_step(self.precision_plugin.train_step_context())))
+            trainer.callbacks.insert(0, StartAhead(self._start_next_step))
         if self.is_client:
             log.info("EPipeStrategy plan: balance=%s ranks=%s codecs=%s", plan.balance, plan.stage_ranks, self.compressor_description())
 
@@ -324,6 +324,10 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         self._steps.before_optimizer_step(optimizer, self.optimizers)
         return super().optimizer_step(optimizer, closure, model, **kwargs)
+
+    def _start_next_step(self) -> None:
+        """A server at the end of a training batch: the client's next step now, if it has begun (``start_ahead.py``)."""
+        self._steps.start_next_step(self.precision_plugin.train_step_context())
 
     # ------------------------------------------------------------------ collectives Lightning asks for
 
@@ -426,4 +430,3 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         strategy_registry.register(
             "epipe_spawn", cls, description="GPipe pipeline with compressed cuts, spawned processes", start_method="spawn"
         )
-
