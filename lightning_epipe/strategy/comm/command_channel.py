@@ -37,7 +37,7 @@ import torch.distributed as dist
 from lightning_epipe.strategy.comm.wire import VERSION, WireError
 
 __all__ = ["CommandChannel", "SocketCommands", "connect_commands", "advertised_host", "accept_named", "address_record",
-           "listen_and_gather", "parse_record", "read_exactly", "ADDRESS_BYTES"]
+           "listen_and_gather", "parse_record", "read_exactly", "bytes_waiting", "ADDRESS_BYTES"]
 
 #: What a server sends first on its connection: a magic number, its wire version and its global rank.
 HELLO = struct.Struct("=qqq")
@@ -77,15 +77,15 @@ class SocketCommands:
 
     def arrived(self, peer: int, nbytes: int) -> bytes:
         conn = self.connections[peer]
-        readable = min(nbytes, _bytes_waiting(conn))  # a recv on a socket with a timeout would wait for more
+        readable = min(nbytes, bytes_waiting(conn.fileno(), bytearray(4)))  # a recv on a socket with a timeout would wait for more
         return conn.recv(readable, socket.MSG_PEEK) if readable else b""
 
 
-def _bytes_waiting(conn: socket.socket) -> int:
-    """Bytes that have arrived on ``conn`` and wait to be read (``FIONREAD``)."""
-    count = bytearray(4)
-    fcntl.ioctl(conn.fileno(), termios.FIONREAD, count)
-    return int.from_bytes(count, "little")
+def bytes_waiting(fd: int, answer: bytearray) -> int:
+    """Bytes that have arrived on the socket ``fd`` and wait to be read (``FIONREAD``, its
+    answer written into the 4 bytes of ``answer``: a caller that polls keeps one)."""
+    fcntl.ioctl(fd, termios.FIONREAD, answer)
+    return int.from_bytes(answer, "little")
 
 
 def read_exactly(conn: socket.socket, nbytes: int) -> bytes:

@@ -42,7 +42,7 @@ from typing import Any, Optional
 
 import torch
 
-from lightning_epipe.strategy.comm.command_channel import accept_named, listen_and_gather, parse_record
+from lightning_epipe.strategy.comm.command_channel import accept_named, bytes_waiting, listen_and_gather, parse_record
 from lightning_epipe.strategy.comm.streams import pipeline_streams
 from lightning_epipe.strategy.comm.transport import P2PBackend, dist_irecv, dist_isend
 from lightning_epipe.strategy.comm.wire import VERSION
@@ -186,9 +186,8 @@ class SocketStream:
         return _Read(self, frame)
 
     def readable(self) -> int:
-        """Bytes that have arrived and wait to be read (``FIONREAD``; polled often: no allocation)."""
-        fcntl.ioctl(self._fd, termios.FIONREAD, self._count)
-        return int.from_bytes(self._count, "little")
+        """Bytes that have arrived and wait to be read (polled often: one answer buffer)."""
+        return bytes_waiting(self._fd, self._count)
 
     def read_into(self, frame: torch.Tensor) -> None:
         """Read exactly ``frame.numel()`` bytes into ``frame`` (bounded by the timeout)."""

@@ -496,7 +496,8 @@ class Transport:
             return []
         data = self.commands.arrived(self.offset + peer, count * HEADER_NBYTES)
         link = self.link(peer, outgoing=False)
-        return [Header.from_bytes(data[i:i + HEADER_NBYTES], link) for i in range(0, len(data) - HEADER_NBYTES + 1, HEADER_NBYTES)]
+        whole = len(data) - len(data) % HEADER_NBYTES
+        return [Header.from_bytes(data[i:i + HEADER_NBYTES], link) for i in range(0, whole, HEADER_NBYTES)]
 
     def _recv_command(self, peer: int, what: str, idle: bool, link: str, expect: Mapping[str, int]) -> Received:
         """The next command from ``peer`` on the command channel."""
