@@ -11,6 +11,12 @@ side. Per rank and label: the median over the timed steps of all traced runs of 
 code took itself (its traced callees' taken out), in ms per step; a rank's labels add up to its
 step. "EPipe untraced" and "torch" are 256 / the run's median-step rate, in ms, median and
 spread over the repetitions. Writes ``benchmarks/results/step_trace.{json,png}``.
+
+``--codecs none sortquant-8 ...``: section 7's setting instead (``benchmarks/slow_link_auto.py``:
+client-server, 2 processes, width 1024, chunks 8, an unlimited loopback), one row per codec,
+traced and untraced, no torch; a last table puts every codec's ranks side by side, so what a
+codec adds to each label (its encode and decode, the waits, the compute of the rank beside
+it) reads off one line. Writes ``results/step_trace_codecs.{json,png}`` (``--out``: another name).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import axes, finish, fmt, load_average, markdown_table, median_spread, run, write_json  # noqa: E402
 from benchmarks.engine import BATCH, base  # noqa: E402
+from benchmarks.slow_link_auto import METHODS, config as codec_config  # noqa: E402
 from benchmarks.tracing import BETWEEN, median_ms, step_windows  # noqa: E402
 
 DEFAULT_CELLS = ["2:128:1", "2:512:1", "2:512:8", "3:1024:1"]
@@ -42,28 +49,57 @@ def step_ms(result: dict) -> float | None:
 
 
 def measure(cells: list[dict], repeats: int, steps: int, warmup: int) -> list[dict]:
+    """Section 0's cells: EPipe traced, untraced and torch's step, per repetition."""
     rows = [dict(cell, windows={}, traced=[], untraced=[], torch=[], errors=[]) for cell in cells]
     for rep in range(repeats):
         for row in rows:
-            cfg = {**base(row, steps), "warmup": warmup}
-            with tempfile.TemporaryDirectory() as tmp:
-                trace = str(Path(tmp) / "trace.rank{rank}.json")
-                traced = run({**cfg, "kind": "epipe", "trace": trace})
-                for rank in range(row["stages"]):
-                    path = Path(trace.format(rank=rank))
-                    if path.exists():
-                        windows = step_windows(json.loads(path.read_text()), warmup=warmup)
-                        row["windows"].setdefault(str(rank), []).extend(windows)
-            untraced = run({**cfg, "kind": "epipe"})
-            peer = run({**cfg, "kind": "pipelining"})
-            for name, result in (("traced", traced), ("untraced", untraced), ("torch", peer)):
-                ms = step_ms(result)
-                if ms is None:
-                    row["errors"].append(f"{name}: {result.get('error')}")
-                else:
-                    row[name].append(ms)
-            print(f"  rep {rep + 1} K={row['stages']} w={row['width']} m={row['chunks']}: step ms traced"
-                  f" {fmt(step_ms(traced))}, untraced {fmt(step_ms(untraced))}, torch {fmt(step_ms(peer))}", flush=True)
+            cfg = {**base(row, steps), "warmup": warmup, "kind": "epipe"}
+            results = {"traced": traced_run(cfg, row, warmup), "untraced": run(cfg),
+                       "torch": run({**cfg, "kind": "pipelining"})}
+            keep(row, results)
+            print(f"  rep {rep + 1} K={row['stages']} w={row['width']} m={row['chunks']}: step ms "
+                  + ", ".join(f"{name} {fmt(step_ms(result))}" for name, result in results.items()), flush=True)
+    return finished(rows)
+
+
+def measure_codecs(codecs: list[str], repeats: int, steps: int, warmup: int) -> list[dict]:
+    """Section 7's setting, unlimited: EPipe traced and untraced per codec, per repetition."""
+    rows = [dict(codec=codec, stages=2, windows={}, traced=[], untraced=[], errors=[]) for codec in codecs]
+    for rep in range(repeats):
+        for row in rows:
+            cfg = codec_config(row["codec"], steps, warmup)
+            results = {"traced": traced_run(cfg, row, warmup), "untraced": run(cfg)}
+            keep(row, results)
+            print(f"  rep {rep + 1} {row['codec']}: step ms "
+                  + ", ".join(f"{name} {fmt(step_ms(result))}" for name, result in results.items()), flush=True)
+    return finished(rows)
+
+
+def traced_run(cfg: dict, row: dict, warmup: int) -> dict:
+    """One traced run of ``cfg``; each rank's step windows after ``warmup`` go to ``row["windows"]``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = str(Path(tmp) / "trace.rank{rank}.json")
+        result = run({**cfg, "trace": trace})
+        for rank in range(row["stages"]):
+            path = Path(trace.format(rank=rank))
+            if path.exists():
+                windows = step_windows(json.loads(path.read_text()), warmup=warmup)
+                row["windows"].setdefault(str(rank), []).extend(windows)
+    return result
+
+
+def keep(row: dict, results: dict[str, dict]) -> None:
+    """Each run's step ms under its name in ``row`` (its error under ``errors``)."""
+    for name, result in results.items():
+        ms = step_ms(result)
+        if ms is None:
+            row["errors"].append(f"{name}: {result.get('error')}")
+        else:
+            row[name].append(ms)
+
+
+def finished(rows: list[dict]) -> list[dict]:
+    """Rows with their windows turned into the median ms per rank and label (``ms``)."""
     for row in rows:
         row["ms"] = {rank: median_ms(windows) for rank, windows in row.pop("windows").items()}
     return rows
@@ -90,20 +126,43 @@ def table(row: dict) -> str:
     return markdown_table(["ms per step (median)"] + [f"rank {r}" for r in ranks], body)
 
 
+def side_by_side(rows: list[dict]) -> str:
+    """Every row's ranks in one table (``--codecs``: codec/rank columns), labels by their largest
+    time anywhere, those under ``SMALL_MS`` everywhere summed into one line."""
+    columns = [(f"{row['codec']} rank {rank}", row["ms"][rank]) for row in rows for rank in sorted(row["ms"], key=int)]
+    merged = {name: ms for name, ms in columns}
+    body, other = [], {name: 0.0 for name, _ in columns}
+    for label in ordered_labels(merged):
+        values = {name: ms.get(label, 0.0) for name, ms in columns}
+        if label not in ("step", BETWEEN) and max(values.values()) < SMALL_MS:
+            other = {name: other[name] + values[name] for name in other}
+            continue
+        if label == BETWEEN:
+            body.append([f"other (labels under {SMALL_MS} ms)"] + [fmt(other[name]) for name, _ in columns])
+        body.append([label] + [fmt(values[name]) for name, _ in columns])
+    return markdown_table(["ms per step (median)"] + [name for name, _ in columns], body)
+
+
 def header(row: dict) -> str:
     def ms(values: list[float]) -> str:
         median, spread = median_spread(values)
         return f"{median} ({spread})" if values else "-"
 
+    if "codec" in row:
+        return (f"{row['codec']}, client-server, width 1024, chunks 8: step ms, median (min-max) over"
+                f" {len(row['untraced'])} repetitions: EPipe untraced {ms(row['untraced'])}, EPipe traced {ms(row['traced'])}")
     return (f"K = {row['stages']}, width {row['width']}, chunks {row['chunks']}: step ms, median (min-max) over"
             f" {len(row['untraced'])} repetitions: EPipe untraced {ms(row['untraced'])}, EPipe traced"
             f" {ms(row['traced'])}, torch pipelining {ms(row['torch'])}")
 
 
-def plot(rows: list[dict]) -> Path:
+def row_name(row: dict) -> str:
+    return row["codec"] if "codec" in row else f"K={row['stages']} w={row['width']} m={row['chunks']}"
+
+
+def plot(rows: list[dict], name: str = "step_trace.png") -> Path:
     fig, ax = axes((9, 1.2 + 0.45 * sum(len(r["ms"]) for r in rows)))
-    bars = [(f"K={r['stages']} w={r['width']} m={r['chunks']} rank {rank}", r["ms"][rank]) for r in rows
-            for rank in sorted(r["ms"], key=int)]
+    bars = [(f"{row_name(r)} rank {rank}", r["ms"][rank]) for r in rows for rank in sorted(r["ms"], key=int)]
     labels = []
     for row in rows:
         labels += [label for label in ordered_labels(row["ms"])[:6] if label not in labels and label != "step"]
@@ -115,7 +174,7 @@ def plot(rows: list[dict]) -> Path:
         left = [a + b for a, b in zip(left, widths)]
     ax.set_yticks(range(len(bars)), [name for name, _ in bars], fontsize=7)
     ax.invert_yaxis()
-    return finish(fig, ax, "step_trace.png", "ms per step (median over timed steps)", "",
+    return finish(fig, ax, name, "ms per step (median over timed steps)", "",
                   "Where an EPipe step's time goes, per rank", legend=6)
 
 
@@ -125,15 +184,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--codecs", nargs="+", choices=list(METHODS), help="section 7's setting, one row per codec")
+    parser.add_argument("--out", help="file name under benchmarks/results (default step_trace.json, "
+                                      "step_trace_codecs.json with --codecs)")
     args = parser.parse_args()
+    out = args.out or ("step_trace_codecs.json" if args.codecs else "step_trace.json")
     load_before = load_average()
     print(load_before, flush=True)
-    rows = measure([parse_cell(c) for c in args.cells], args.repeats, args.steps, args.warmup)
+    if args.codecs:
+        rows = measure_codecs(args.codecs, args.repeats, args.steps, args.warmup)
+    else:
+        rows = measure([parse_cell(c) for c in args.cells], args.repeats, args.steps, args.warmup)
     tables = [f"{header(row)}\n\n{table(row)}" for row in rows]
-    write_json("step_trace.json", {"load_before": load_before, "load_after": load_average(), "rows": rows,
-                                   "table": tables})
+    if args.codecs:
+        tables.append(side_by_side(rows))
+    write_json(out, {"load_before": load_before, "load_after": load_average(), "rows": rows, "table": tables})
     print("\n\n".join(tables))
-    print("plot:", plot(rows))
+    print("plot:", plot(rows, str(Path(out).with_suffix(".png").name)))
     print(load_average())
 
 

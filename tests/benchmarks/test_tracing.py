@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from benchmarks.step_trace import ordered_labels, table
+from benchmarks.step_trace import header, ordered_labels, side_by_side, table
 from benchmarks.tracing import BETWEEN, STEP, TRACED, median_ms, self_times, step_windows
 
 
@@ -49,6 +49,25 @@ def test_the_table_puts_labels_by_their_largest_time_and_sums_the_small_ones():
         f"| {BETWEEN} | 0.50 | 0.20 |",
         "| step | 10.00 | 10.00 |",
     ]
+
+
+def test_codec_rows_sit_side_by_side_rank_by_rank():
+    rows = [{"codec": "none", "untraced": [100.0], "traced": [101.0],
+             "ms": {"1": {"step": 100.0, BETWEEN: 1.0, "encode": 1.0, "wait": 7.0},
+                    "0": {"step": 100.0, BETWEEN: 1.0, "encode": 1.5, "wait": 20.0, "hash": 0.01}}},
+            {"codec": "sortquant-8", "untraced": [120.0], "traced": [122.0],
+             "ms": {"0": {"step": 120.0, BETWEEN: 1.0, "encode": 7.0, "wait": 30.0, "hash": 0.02},
+                    "1": {"step": 120.0, BETWEEN: 1.0, "encode": 9.0, "wait": 8.0}}}]
+    lines = side_by_side(rows).splitlines()
+    assert lines[0] == "| ms per step (median) | none rank 0 | none rank 1 | sortquant-8 rank 0 | sortquant-8 rank 1 |"
+    assert lines[2:] == [
+        "| wait | 20.00 | 7.00 | 30.00 | 8.00 |",
+        "| encode | 1.50 | 1.00 | 7.00 | 9.00 |",
+        "| other (labels under 0.05 ms) | 0.01 | 0.00 | 0.02 | 0.00 |",
+        f"| {BETWEEN} | 1.00 | 1.00 | 1.00 | 1.00 |",
+        "| step | 100.00 | 100.00 | 120.00 | 120.00 |",
+    ]
+    assert header(rows[1]).startswith("sortquant-8, client-server, width 1024, chunks 8: step ms")
 
 
 @pytest.mark.parametrize("module, attribute, label", TRACED, ids=[t[1] for t in TRACED])
