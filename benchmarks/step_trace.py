@@ -14,7 +14,7 @@ spread over the repetitions. Writes ``benchmarks/results/step_trace.{json,png}``
 
 ``--codecs none sortquant-8 ...``: section 7's setting instead (``benchmarks/slow_link_auto.py``:
 client-server, 2 processes, width 1024, chunks 8, an unlimited loopback), one row per codec,
-traced and untraced, no torch; a last table puts every codec's ranks side by side, so what a
+traced and untraced, no torch; one table puts every codec's ranks side by side, so what a
 codec adds to each label (its encode and decode, the waits, the compute of the rank beside
 it) reads off one line. Writes ``results/step_trace_codecs.{json,png}`` (``--out``: another name).
 """
@@ -195,9 +195,10 @@ def main() -> None:
         rows = measure_codecs(args.codecs, args.repeats, args.steps, args.warmup)
     else:
         rows = measure([parse_cell(c) for c in args.cells], args.repeats, args.steps, args.warmup)
-    tables = [f"{header(row)}\n\n{table(row)}" for row in rows]
-    if args.codecs:
-        tables.append(side_by_side(rows))
+    if args.codecs:  # one table: every codec's ranks side by side
+        tables = ["\n".join(header(row) for row in rows) + "\n\n" + side_by_side(rows)]
+    else:
+        tables = [f"{header(row)}\n\n{table(row)}" for row in rows]
     write_json(out, {"load_before": load_before, "load_after": load_average(), "rows": rows, "table": tables})
     print("\n\n".join(tables))
     print("plot:", plot(rows, str(Path(out).with_suffix(".png").name)))
