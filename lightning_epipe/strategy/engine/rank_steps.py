@@ -98,8 +98,7 @@ class RankSteps:
     def start_next_step(self, context: ContextManager[Any]) -> None:
         """At the end of a training batch that another follows in its epoch (``start_ahead.py``): a
         server (automatic optimization) starts the client's next step at once if the client has
-        begun it (``server_loop.start_next_step``; a 1F1B step's gradients go to the stash that
-        :meth:`backward` restores), under the training step's ``context``."""
+        begun it (``server_loop.start_next_step``), under the training step's ``context``."""
         if self.is_client or not self.module.automatic_optimization:
             return
         with context:

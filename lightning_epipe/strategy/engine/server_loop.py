@@ -22,8 +22,8 @@ reads the client's commands (``comm/command_channel``) and drives this rank's
 Before every training batch, where Lightning would broadcast rank 0's SIGTERM flag, the
 server reads ``BATCH_START`` (go on) or ``STOP`` (``sigterm_broadcast.StepStartSignal``).
 Where the client is already a step ahead, a server reads both (and the step's ``FORWARD``)
-at the end of its previous batch instead and runs the step's forward (under 1F1B the whole
-step) there (:func:`start_next_step`).
+at the end of its previous batch instead and runs the step's forward there
+(:func:`start_next_step`).
 """
 
 from __future__ import annotations
@@ -92,17 +92,16 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
 
 def start_next_step(runtime: PipelineRuntime, hooks: ServerHooks) -> bool:
     """Between two training steps, once this rank's batch has ended: if the client has
-    already started the next step (its ``BATCH_START`` and a training ``FORWARD`` have both
-    arrived), read them and run this rank's part of it now (GPipe: its forward; 1F1B: the
-    whole step, its gradients set aside from Lightning's ``zero_grad`` as in ``training_step``),
-    ahead of Lightning's work between the steps (its hooks, the loop, the next
-    ``training_step``), which then finds it done (``runtime.started_ahead``). On the first
-    stage's rank that work is on the critical path of every step: the whole pipeline waits for
-    its first forward. True if the step started."""
+    already started the next step (its ``BATCH_START`` and a GPipe training ``FORWARD`` have
+    both arrived), read them and run this rank's forward now, ahead of Lightning's work between
+    the steps (its hooks, the loop, the next ``training_step``), which then finds the forward
+    done (``runtime.started_ahead``). On the first stage's rank that work is on the critical
+    path of every step: the whole pipeline waits for its forward. True if the step started."""
     arrived = runtime.commands_arrived(2)
     if [command for command, _ in arrived] != [Command.BATCH_START, Command.FORWARD]:
         return False
-    if not arrived[1][1] & StepFlag.GRAD_ENABLED:
+    flags = arrived[1][1]
+    if not flags & StepFlag.GRAD_ENABLED or flags & StepFlag.ONE_F_ONE_B:
         return False
     runtime.next_command()  # BATCH_START: the client did not stop
     _forward(runtime, runtime.next_command(), hooks)
