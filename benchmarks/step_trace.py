@@ -112,34 +112,28 @@ def ordered_labels(ms: dict[str, dict[str, float]]) -> list[str]:
 
 
 def table(row: dict) -> str:
-    ranks = sorted(row["ms"], key=int)
-    body = []
-    other = {rank: 0.0 for rank in ranks}
-    for label in ordered_labels(row["ms"]):
-        values = {rank: row["ms"][rank].get(label, 0.0) for rank in ranks}
-        if label not in ("step", BETWEEN) and max(values.values()) < SMALL_MS:
-            other = {rank: other[rank] + values[rank] for rank in ranks}
-            continue
-        if label == BETWEEN:
-            body.append([f"other (labels under {SMALL_MS} ms)"] + [fmt(other[r]) for r in ranks])
-        body.append([label] + [fmt(values[r]) for r in ranks])
-    return markdown_table(["ms per step (median)"] + [f"rank {r}" for r in ranks], body)
+    """One row's ranks, a column each."""
+    return label_table([(f"rank {rank}", row["ms"][rank]) for rank in sorted(row["ms"], key=int)])
 
 
 def side_by_side(rows: list[dict]) -> str:
-    """Every row's ranks in one table (``--codecs``: codec/rank columns), labels by their largest
-    time anywhere, those under ``SMALL_MS`` everywhere summed into one line."""
-    columns = [(f"{row['codec']} rank {rank}", row["ms"][rank]) for row in rows for rank in sorted(row["ms"], key=int)]
-    merged = {name: ms for name, ms in columns}
-    body, other = [], {name: 0.0 for name, _ in columns}
-    for label in ordered_labels(merged):
-        values = {name: ms.get(label, 0.0) for name, ms in columns}
-        if label not in ("step", BETWEEN) and max(values.values()) < SMALL_MS:
-            other = {name: other[name] + values[name] for name in other}
+    """Every row's ranks in one table (``--codecs``: a column per codec and rank)."""
+    return label_table([(f"{row['codec']} rank {rank}", row["ms"][rank]) for row in rows
+                        for rank in sorted(row["ms"], key=int)])
+
+
+def label_table(columns: list[tuple[str, dict[str, float]]]) -> str:
+    """Labels (rows) by their largest time in any column, those under ``SMALL_MS`` in every
+    column summed into one line; ``columns``: (name, ms by label)."""
+    body, other = [], [0.0] * len(columns)
+    for label in ordered_labels(dict(columns)):
+        values = [ms.get(label, 0.0) for _, ms in columns]
+        if label not in ("step", BETWEEN) and max(values) < SMALL_MS:
+            other = [a + b for a, b in zip(other, values)]
             continue
         if label == BETWEEN:
-            body.append([f"other (labels under {SMALL_MS} ms)"] + [fmt(other[name]) for name, _ in columns])
-        body.append([label] + [fmt(values[name]) for name, _ in columns])
+            body.append([f"other (labels under {SMALL_MS} ms)"] + [fmt(v) for v in other])
+        body.append([label] + [fmt(v) for v in values])
     return markdown_table(["ms per step (median)"] + [name for name, _ in columns], body)
 
 
@@ -191,13 +185,11 @@ def main() -> None:
     out = args.out or ("step_trace_codecs.json" if args.codecs else "step_trace.json")
     load_before = load_average()
     print(load_before, flush=True)
-    if args.codecs:
-        rows = measure_codecs(args.codecs, args.repeats, args.steps, args.warmup)
-    else:
-        rows = measure([parse_cell(c) for c in args.cells], args.repeats, args.steps, args.warmup)
     if args.codecs:  # one table: every codec's ranks side by side
+        rows = measure_codecs(args.codecs, args.repeats, args.steps, args.warmup)
         tables = ["\n".join(header(row) for row in rows) + "\n\n" + side_by_side(rows)]
     else:
+        rows = measure([parse_cell(c) for c in args.cells], args.repeats, args.steps, args.warmup)
         tables = [f"{header(row)}\n\n{table(row)}" for row in rows]
     write_json(out, {"load_before": load_before, "load_after": load_average(), "rows": rows, "table": tables})
     print("\n\n".join(tables))
