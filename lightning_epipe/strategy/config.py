@@ -71,8 +71,9 @@ ARGUMENTS = """\
             Under ``precision="16-mixed"`` they cross raw and the GradScaler skips the step on every rank.
         checkpoint: activation recomputation per stage (torchgpipe's): ``"always"``,
             ``"except_last"`` (all micro-batches but the last) or ``"never"``.
-        start_ahead: at the end of each training batch a server runs the next step's forward at
-            once where the client has already begun that step (GPipe, automatic optimization),
+        start_ahead: at the end of each training batch a server runs the next step's forward
+            (under 1F1B up to its first backward) at once where the client has already begun
+            that step (automatic optimization),
             before the rest of Lightning's work between the two steps on that rank: the first
             stage's step boundary is on the critical path of every step. Set ``False`` where a
             hook changes a server's weights or buffers between steps (``on_train_batch_end``,

@@ -51,8 +51,9 @@ def test_every_layout_drains_under_gloo_rules(placement, size, schedule):
 @pytest.mark.parametrize(("placement", "size"), LAYOUTS)
 def test_servers_start_the_next_step_ahead(placement, size, schedule, rule):
     """A server whose optimizer step is done finds the client's next BATCH_START and FORWARD
-    arrived and runs that step's forward at once (GPipe; a 1F1B step waits for Lightning's):
-    every order still drains, and the weights equal one process's."""
+    arrived and runs that step's forward at once (under 1F1B its tasks up to its first backward,
+    the rest where the step's commands are served): every order still drains, and the weights
+    equal one process's."""
     for chunks in (1, 4):
         trained, _, plan, batches = run_threaded(placement, size, schedule, chunks, steps=3, rule=rule, ahead=True)
         _check_weights(trained, plan, batches, 1)

@@ -1,5 +1,6 @@
 """A server starts the client's next step ahead of Lightning's work between steps
-(``EPipeStrategy(start_ahead=True)``, ``server_loop.start_next_step``), in real processes:
+(``EPipeStrategy(start_ahead=True)``, ``server_loop.start_next_step``; under 1F1B the step's
+tasks up to its first backward), in real processes:
 wherever the client has begun the next step by the time the server's optimizer step is done,
 never across an epoch's end, and the training is still one process's."""
 
@@ -27,9 +28,9 @@ def _train(tmp_path, *args):
     return torch.load(out, weights_only=False), started
 
 
-@pytest.mark.parametrize("start_ahead", [True, False])
-def test_a_slow_first_stage_starts_every_step_ahead_but_across_epochs(tmp_path, start_ahead):
-    got, started = _train(tmp_path, *([] if start_ahead else ["--no-start-ahead"]))
+@pytest.mark.parametrize(("schedule", "start_ahead"), [("gpipe", True), ("gpipe", False), ("1f1b", True)])
+def test_a_slow_first_stage_starts_every_step_ahead_but_across_epochs(tmp_path, schedule, start_ahead):
+    got, started = _train(tmp_path, "--schedule", schedule, *([] if start_ahead else ["--no-start-ahead"]))
     # every step but the first and the first of the second epoch; the client never starts ahead
     assert started == {0: 0, 1: STEPS - 2 if start_ahead else 0}
     ref = reference(steps=STEPS, batch_size=16)

@@ -102,27 +102,28 @@ def _no_clip(index: int, algorithm, value: float) -> None:
 
 
 def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int, open_ends: list[tuple[int, int]],
-            ahead: Optional[bool], timeout: float) -> None:
+            ahead: bool, timeout: float) -> None:
     """The strategy's own server loop; Lightning's part (backward, optimizer step) done by hand.
     ``ahead``: the client starts each step with ``BATCH_START``, and after each optimizer step
     but the last this rank waits until the next step's commands have arrived and starts it
-    ahead (``start_next_step``), which must return ``ahead`` (False: a 1F1B step stays put)."""
+    ahead (``start_next_step``: GPipe's forward, a 1F1B step's tasks up to its first backward),
+    which must start it."""
     hooks = ServerHooks(after_backward=lambda: None, optimizer_step=_no_optimizer_step,
                         set_gradients_aside=contextlib.nullcontext,  # 1F1B's gradients stay for the SGD below
                         clip_gradients=_no_clip)
     for step in range(steps):
-        if ahead is not None and not runtime.started_ahead:
+        if ahead and not runtime.started_ahead:
             assert runtime.next_command().command == Command.BATCH_START
         assert serve_step(runtime, hooks, training=True) is StepEnd.FINISHED
         runtime.backward()
         open_ends.append(runtime.open_ends)
         _sgd(stages)
-        if ahead is not None and step + 1 < steps:
+        if ahead and step + 1 < steps:
             deadline = time.monotonic() + timeout
             while len(runtime.commands_arrived(2)) < 2:
                 assert time.monotonic() < deadline, "the client's next step never started"
                 time.sleep(0.001)
-            assert start_next_step(runtime, hooks) is ahead
+            assert start_next_step(runtime, hooks)
 
 
 def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas: int = 1, rule: str = "nccl",
@@ -131,7 +132,7 @@ def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas
                  ahead: bool = False):
     """Train ``steps`` SGD steps on ``replicas`` pipelines of ``size`` ranks (each replica on the
     same batches) of the layers ``make()`` builds, split by ``balance`` (default: by parameters);
-    ``ahead``: servers start every GPipe step but the first ahead (``server_loop.start_next_step``);
+    ``ahead``: servers start every step but the first ahead (``server_loop.start_next_step``);
     returns ``(weights, fabric, plan, batches)``: every stage's trained Sequential per global rank;
     ``fabric.open_ends[rank]`` holds the rank's sends still unflushed after each step."""
     layout = ReplicaLayout(size * replicas, replicas)
@@ -157,7 +158,7 @@ def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas
             if prank == 0:
                 _client(runtime, stages, batches, chunks, schedule, fabric.open_ends[rank], ahead)
             else:
-                _server(runtime, stages, steps, fabric.open_ends[rank], (schedule == "gpipe") if ahead else None, timeout)
+                _server(runtime, stages, steps, fabric.open_ends[rank], ahead, timeout)
             transport.flush()
             trained[rank] = layers
         except BaseException as err:  # noqa: BLE001 - reported by the caller

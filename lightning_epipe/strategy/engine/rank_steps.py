@@ -98,7 +98,8 @@ class RankSteps:
     def start_next_step(self, context: ContextManager[Any]) -> None:
         """At the end of a training batch that another follows in its epoch (``start_ahead.py``): a
         server (automatic optimization) starts the client's next step at once if the client has
-        begun it (``server_loop.start_next_step``), under the training step's ``context``."""
+        begun it (``server_loop.start_next_step``; under 1F1B up to its first backward, the rest
+        in the next ``training_step``), under the training step's ``context``."""
         if self.is_client or not self.module.automatic_optimization:
             return
         with context:

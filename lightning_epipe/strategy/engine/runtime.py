@@ -34,7 +34,7 @@ from lightning_epipe.compressors.delta import DeltaCompressor
 from lightning_epipe.strategy.compression.codec_book import CodecBook
 from lightning_epipe.strategy.engine.microbatch import Batch, flatten, input_groups, join, scatter, tensors_of, unflatten
 from lightning_epipe.strategy.planning.partition import PipelinePlan
-from lightning_epipe.strategy.engine.schedule import rank_tasks, rank_tasks_1f1b, recomputes
+from lightning_epipe.strategy.engine.schedule import Task, rank_tasks, rank_tasks_1f1b, recomputes
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.engine.timing import ComputeTimer
 from lightning_epipe.strategy.comm.transport import Transport
@@ -142,6 +142,7 @@ class PipelineRuntime:
         self.checkpoint = checkpoint  # "always" | "except_last" | "never"
         self.step = 0
         self.started_ahead = False  # server: this step's forward ran before Lightning's step (server_loop.start_next_step)
+        self._paused: Optional[tuple[list[Task], int, dict[int, Any]]] = None  # 1F1B: (tasks, next, outputs) to resume
         self.num_microbatches = 0
         self.microbatches_run = 0  # micro-batches of every step begun so far (auto's compute per micro-batch)
         self.samples: dict[tuple[str, int], Tensor] = {}  # (direction, cut) -> last tensor sent on an auto link
@@ -334,20 +335,42 @@ class PipelineRuntime:
             self.transport.prepost(peer, Kind.GRADIENT, i, j, behind=True)
 
     def run_1f1b(self, microbatches: Optional[list[Batch]] = None,
-                 loss_of: Optional[Callable[[int, Any], Tensor]] = None) -> Optional[list[Any]]:
+                 loss_of: Optional[Callable[[int, Any], Tensor]] = None, until_backward: bool = False) -> Optional[list[Any]]:
         """A whole training step under 1F1B: forwards and backwards interleaved.
 
         On the rank of the last stage, ``loss_of(i, y_i)`` is micro-batch ``i``'s loss (already
         weighted), backpropagated as soon as its forward ends. Parameter gradients accumulate
         as usual. Returns the last stage's ``m`` outputs, detached, there; elsewhere ``None``.
+        ``until_backward`` (a server starting the step ahead, ``server_loop.start_next_step``):
+        stop before this rank's first backward task, which waits for a gradient anyway;
+        :meth:`resume_1f1b` runs the rest.
         """
         order = rank_tasks_1f1b(self.plan.stage_ranks, self.num_microbatches)
         self._one_f_one_b = True
         self._prepost_phase(Kind.ACTIVATION, range(self.num_microbatches))
         self._prepost_first(Kind.GRADIENT, 0)
         self._send_inputs(microbatches)
-        outputs: dict[int, Any] = {}
-        for task in order[self.rank]:
+        return self._run_1f1b_tasks(order[self.rank], 0, {}, microbatches, loss_of, until_backward)
+
+    @property
+    def paused_1f1b(self) -> bool:
+        """Whether a 1F1B step stopped before its first backward task (``run_1f1b(until_backward=True)``)."""
+        return self._paused is not None
+
+    def resume_1f1b(self) -> None:
+        """Run the rest of the 1F1B step that ``run_1f1b(until_backward=True)`` stopped (a server's)."""
+        tasks, start, outputs = self._paused
+        self._paused = None
+        self._run_1f1b_tasks(tasks, start, outputs, None, None, False)
+
+    def _run_1f1b_tasks(self, tasks: list[Task], start: int, outputs: dict[int, Any], microbatches: Optional[list[Batch]],
+                        loss_of: Optional[Callable[[int, Any], Tensor]], until_backward: bool) -> Optional[list[Any]]:
+        """This rank's 1F1B ``tasks`` from index ``start`` on (see :meth:`run_1f1b`)."""
+        for k in range(start, len(tasks)):
+            task = tasks[k]
+            if until_backward and task.phase != "forward":
+                self._paused = (tasks, k, outputs)
+                return None
             s, i = task.stage, task.microbatch
             if task.phase == "forward":
                 self._forward_task(s, i, microbatches, True, outputs)
@@ -467,6 +490,7 @@ class PipelineRuntime:
     def discard(self) -> None:
         """Drop the autograd state of a step that will not be backpropagated."""
         self._saved.clear()
+        self._paused = None
         self._remove_hooks()
 
     # ------------------------------------------------------------------ messages

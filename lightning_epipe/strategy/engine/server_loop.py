@@ -22,8 +22,8 @@ reads the client's commands (``comm/command_channel``) and drives this rank's
 Before every training batch, where Lightning would broadcast rank 0's SIGTERM flag, the
 server reads ``BATCH_START`` (go on) or ``STOP`` (``sigterm_broadcast.StepStartSignal``).
 Where the client is already a step ahead, a server reads both (and the step's ``FORWARD``)
-at the end of its previous batch instead and runs the step's forward there
-(:func:`start_next_step`).
+at the end of its previous batch instead and runs the step's forward there, under 1F1B its
+tasks up to its first backward (:func:`start_next_step`).
 """
 
 from __future__ import annotations
@@ -62,8 +62,12 @@ class ServerHooks:
 
 
 def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> StepEnd:
-    """Follow the client's commands for one step; returns how the client ended it."""
+    """Follow the client's commands for one step; returns how the client ended it. A 1F1B step
+    started ahead runs its backward tasks first: the client's ``FINISH_STEP`` waits for them."""
     forwarded, runtime.started_ahead = runtime.started_ahead, False
+    if runtime.paused_1f1b:
+        with torch.enable_grad(), hooks.set_gradients_aside():
+            runtime.resume_1f1b()
     while True:
         msg = runtime.next_command()
         if msg.command == Command.FORWARD:
@@ -92,31 +96,35 @@ def serve_step(runtime: PipelineRuntime, hooks: ServerHooks, training: bool) -> 
 
 def start_next_step(runtime: PipelineRuntime, hooks: ServerHooks) -> bool:
     """Between two training steps, once this rank's batch has ended: if the client has
-    already started the next step (its ``BATCH_START`` and a GPipe training ``FORWARD`` have
-    both arrived), read them and run this rank's forward now, ahead of Lightning's work between
-    the steps (its hooks, the loop, the next ``training_step``), which then finds the forward
-    done (``runtime.started_ahead``). On the first stage's rank that work is on the critical
-    path of every step: the whole pipeline waits for its forward. True if the step started."""
+    already started the next step (its ``BATCH_START`` and a training ``FORWARD`` have both
+    arrived), read them and run this rank's forward now (under 1F1B its tasks up to its first
+    backward, whose gradient the client sends later), ahead of Lightning's work between the
+    steps (its hooks, the loop, the next ``training_step``), which then finds the forward done
+    (``runtime.started_ahead``) and runs in the wait for the first gradient. On the first
+    stage's rank that work is on the critical path of every step: the whole pipeline waits for
+    its forward. True if the step started."""
     arrived = runtime.commands_arrived(2)
     if [command for command, _ in arrived] != [Command.BATCH_START, Command.FORWARD]:
         return False
-    flags = arrived[1][1]
-    if not flags & StepFlag.GRAD_ENABLED or flags & StepFlag.ONE_F_ONE_B:
+    if not arrived[1][1] & StepFlag.GRAD_ENABLED:
         return False
     runtime.next_command()  # BATCH_START: the client did not stop
-    _forward(runtime, runtime.next_command(), hooks)
+    _forward(runtime, runtime.next_command(), hooks, ahead=True)
     runtime.started_ahead = True
     return True
 
 
-def _forward(runtime: PipelineRuntime, msg: ControlMessage, hooks: ServerHooks) -> None:
-    """``FORWARD``: begin the step and run this rank's forward (or the whole step under 1F1B)."""
+def _forward(runtime: PipelineRuntime, msg: ControlMessage, hooks: ServerHooks, ahead: bool = False) -> None:
+    """``FORWARD``: begin the step and run this rank's forward (or the whole step under 1F1B;
+    ``ahead``: its tasks up to the first backward, no gradient computed yet)."""
     runtime.begin_step(msg.num_microbatches)
     if msg.flags & StepFlag.SAMPLE_IDS:
         ids, num_samples = runtime.recv_sample_ids()
         runtime.sample_ids, runtime.num_samples = scatter(ids, msg.num_microbatches), num_samples
     with torch.set_grad_enabled(bool(msg.flags & StepFlag.GRAD_ENABLED)):
-        if msg.flags & StepFlag.ONE_F_ONE_B:
+        if msg.flags & StepFlag.ONE_F_ONE_B and ahead:
+            runtime.run_1f1b(until_backward=True)
+        elif msg.flags & StepFlag.ONE_F_ONE_B:
             with hooks.set_gradients_aside():
                 runtime.run_1f1b()
         else:
