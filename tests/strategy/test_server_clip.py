@@ -18,6 +18,7 @@ class _Commands:
         self.headers = headers
         self.discarded = 0
         self.started_ahead = False
+        self.paused_1f1b = False  # no 1F1B step started ahead
 
     def next_command(self) -> ControlMessage:
         h = self.headers.pop(0)
