@@ -50,29 +50,36 @@ def step_ms(result: dict) -> float | None:
 
 def measure(cells: list[dict], repeats: int, steps: int, warmup: int) -> list[dict]:
     """Section 0's cells: EPipe traced, untraced and torch's step, per repetition."""
-    rows = [dict(cell, windows={}, traced=[], untraced=[], torch=[], errors=[]) for cell in cells]
-    for rep in range(repeats):
-        for row in rows:
-            cfg = {**base(row, steps), "warmup": warmup, "kind": "epipe"}
-            results = {"traced": traced_run(cfg, row, warmup), "untraced": run(cfg),
-                       "torch": run({**cfg, "kind": "pipelining"})}
-            keep(row, results)
-            print(f"  rep {rep + 1} K={row['stages']} w={row['width']} m={row['chunks']}: step ms "
-                  + ", ".join(f"{name} {fmt(step_ms(result))}" for name, result in results.items()), flush=True)
-    return finished(rows)
+    def runs(row: dict) -> dict[str, dict]:
+        cfg = {**base(row, steps), "warmup": warmup, "kind": "epipe"}
+        return {"traced": traced_run(cfg, row, warmup), "untraced": run(cfg), "torch": run({**cfg, "kind": "pipelining"})}
+
+    return repeated([dict(cell, torch=[]) for cell in cells], repeats, runs)
 
 
 def measure_codecs(codecs: list[str], repeats: int, steps: int, warmup: int) -> list[dict]:
     """Section 7's setting, unlimited: EPipe traced and untraced per codec, per repetition."""
-    rows = [dict(codec=codec, stages=2, windows={}, traced=[], untraced=[], errors=[]) for codec in codecs]
+    def runs(row: dict) -> dict[str, dict]:
+        cfg = codec_config(row["codec"], steps, warmup)
+        return {"traced": traced_run(cfg, row, warmup), "untraced": run(cfg)}
+
+    return repeated([dict(codec=codec, stages=codec_config(codec, steps, warmup)["devices"]) for codec in codecs], repeats, runs)
+
+
+def repeated(rows: list[dict], repeats: int, runs) -> list[dict]:
+    """Every row's ``runs(row)`` (name -> result) ``repeats`` times, the rows taking turns; each
+    run's step ms under its name, the traced windows as the median ms per rank and label (``ms``)."""
+    for row in rows:
+        row.update(windows={}, traced=[], untraced=[], errors=[])
     for rep in range(repeats):
         for row in rows:
-            cfg = codec_config(row["codec"], steps, warmup)
-            results = {"traced": traced_run(cfg, row, warmup), "untraced": run(cfg)}
+            results = runs(row)
             keep(row, results)
-            print(f"  rep {rep + 1} {row['codec']}: step ms "
+            print(f"  rep {rep + 1} {row_name(row)}: step ms "
                   + ", ".join(f"{name} {fmt(step_ms(result))}" for name, result in results.items()), flush=True)
-    return finished(rows)
+    for row in rows:
+        row["ms"] = {rank: median_ms(windows) for rank, windows in row.pop("windows").items()}
+    return rows
 
 
 def traced_run(cfg: dict, row: dict, warmup: int) -> dict:
@@ -96,13 +103,6 @@ def keep(row: dict, results: dict[str, dict]) -> None:
             row["errors"].append(f"{name}: {result.get('error')}")
         else:
             row[name].append(ms)
-
-
-def finished(rows: list[dict]) -> list[dict]:
-    """Rows with their windows turned into the median ms per rank and label (``ms``)."""
-    for row in rows:
-        row["ms"] = {rank: median_ms(windows) for rank, windows in row.pop("windows").items()}
-    return rows
 
 
 def ordered_labels(ms: dict[str, dict[str, float]]) -> list[str]:
@@ -142,8 +142,9 @@ def header(row: dict) -> str:
         median, spread = median_spread(values)
         return f"{median} ({spread})" if values else "-"
 
-    if "codec" in row:
-        return (f"{row['codec']}, client-server, width 1024, chunks 8: step ms, median (min-max) over"
+    if "codec" in row:  # section 7's setting, as slow_link_auto.config sets it
+        cfg = codec_config(row["codec"], 0, 0)
+        return (f"{row['codec']}, {cfg['placement']}, width {cfg['layers']['width']}, chunks {cfg['chunks']}: step ms, median (min-max) over"
                 f" {len(row['untraced'])} repetitions: EPipe untraced {ms(row['untraced'])}, EPipe traced {ms(row['traced'])}")
     return (f"K = {row['stages']}, width {row['width']}, chunks {row['chunks']}: step ms, median (min-max) over"
             f" {len(row['untraced'])} repetitions: EPipe untraced {ms(row['untraced'])}, EPipe traced"

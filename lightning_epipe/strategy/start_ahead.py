@@ -5,8 +5,8 @@ its loop, the per-step signal, ``on_train_batch_start``, ``training_step``'s way
 critical path of a pipeline with few micro-batches: every stage waits for that rank's next
 forward. A server needs none of it before its forward, so :class:`StartAhead`, first among a
 server's callbacks, runs that forward (under 1F1B the step's tasks up to its first backward)
-at the end of each training batch where the client has already begun the next one (``engine/server_loop.start_next_step``; docs/engine.md,
-"Servers start the next step ahead"). Not at an epoch's last batch: the hooks at an epoch's
+at the end of each training batch where the client has already begun the next one
+(``engine/server_loop.start_next_step``; docs/engine.md, "Servers start the next step ahead"). Not at an epoch's last batch: the hooks at an epoch's
 end may change weights (pruning, averaging).
 """
 

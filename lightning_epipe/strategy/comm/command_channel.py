@@ -68,6 +68,7 @@ class SocketCommands:
         for conn in connections.values():
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.settimeout(timeout.total_seconds())
+        self._count = bytearray(4)  # FIONREAD's answer (``arrived``, once a step)
 
     def send(self, peer: int, data: bytes) -> None:
         self.connections[peer].sendall(data)
@@ -77,7 +78,7 @@ class SocketCommands:
 
     def arrived(self, peer: int, nbytes: int) -> bytes:
         conn = self.connections[peer]
-        readable = min(nbytes, bytes_waiting(conn.fileno(), bytearray(4)))  # a recv on a socket with a timeout would wait for more
+        readable = min(nbytes, bytes_waiting(conn.fileno(), self._count))  # a recv on a socket with a timeout would wait for more
         return conn.recv(readable, socket.MSG_PEEK) if readable else b""
 
 
