@@ -9,8 +9,9 @@ Layout (the wire format of every packed code array), for ``width = 8 * F + R``:
 
 So 12-bit codes cost 1.5 bytes each: N low bytes, then N nibbles. The layout is split at
 any code position that is a multiple of 8, which lets callers pack and unpack chunk by
-chunk (``pack_into``, ``unpack_range``) while the codes are still in cache. Vectorized: a
-Python loop runs over the planes and the (at most 8) columns of a group, never over codes.
+chunk (``pack_into``, ``unpack_range``) while the codes are still in cache. The torch path
+is vectorized (a Python loop runs over the planes and the at most 8 columns of a group,
+never over codes); the host path (``pack_host``, ``unpack_host``) is one compiled pass.
 Widths 1, 2 and 4 decode straight to values (``lookup_packed``): one gather per byte from a
 table of the values of every byte's codes.
 
@@ -30,14 +31,16 @@ import numpy as np
 import torch
 
 from .cache_blocks import cache_blocks
+from .kernels import pack_codes, unpack_codes
 
 __all__ = ["pack", "unpack", "pack_into", "unpack_range", "packed_nbytes", "pack_host",
            "unpack_host", "lookup_packed", "gather_codes", "BYTE_WIDTHS", "MAX_WIDTH", "HOST_CODES"]
 
 MAX_WIDTH = 32
-#: Codes up to which ``pack`` and ``unpack`` of CPU tensors run in numpy (``pack_host``,
-#: ``unpack_host``: the same layout in a few numpy calls instead of a few dozen tensor ops).
-HOST_CODES = 1 << 12
+#: Codes up to which ``pack`` and ``unpack`` of CPU tensors run on the host (``pack_host``,
+#: ``unpack_host``: the same layout in one compiled pass instead of a few dozen tensor ops;
+#: above it, torch's kernels, which use every thread torch is given). 4 MiB of int32 codes.
+HOST_CODES = 1 << 20
 
 
 def packed_nbytes(count: int, width: int) -> int:
@@ -134,49 +137,15 @@ def unpack_range(data: torch.Tensor, width: int, count: int, start: int,
 
 
 def pack_host(codes: np.ndarray, width: int, out: np.ndarray) -> None:
-    """``pack`` on the host (numpy, same layout): codes [N] integers in [0, 2**width)
-    -> out [packed_nbytes(N, width)] uint8, written in place."""
-    count = codes.size
-    planes, rest = divmod(width, 8)
-    for p in range(planes):  # a uint8 slice keeps the low byte of what it is given
-        out[p * count:(p + 1) * count] = codes >> (8 * p) if p else codes
-    if rest:
-        group, group_bytes, word_dtype = _layout(rest)
-        words = np.zeros(-(-count // group) * group, dtype=_HOST_WORDS[word_dtype])
-        words[:count] = codes >> (8 * planes) if planes else codes
-        cols = words.reshape(-1, group)
-        word = cols[:, 0].copy()
-        for i in range(1, group):
-            word |= cols[:, i] << words.dtype.type(i * rest)
-        if group_bytes > 1:
-            word = word.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :group_bytes]
-        out[planes * count:] = word.reshape(-1)[:packed_nbytes(count, rest)]
+    """``pack`` on the host (one compiled pass, ``kernels.pack_codes``; same layout): codes
+    [N] integers in [0, 2**width) -> out [packed_nbytes(N, width)] uint8, written in place."""
+    pack_codes(codes, width, out)
 
 
 def unpack_host(data: np.ndarray, width: int, count: int) -> np.ndarray:
-    """``unpack`` on the host: data [packed_nbytes(count, width)] uint8 -> [count] int32
-    (int64 for width 32)."""
-    dtype = np.int64 if width > 31 else np.int32
-    planes, rest = divmod(width, 8)
-    codes = data[:count].astype(dtype) if planes else np.zeros(count, dtype=dtype)
-    for p in range(1, planes):
-        codes |= data[p * count:(p + 1) * count].astype(dtype) << dtype(8 * p)
-    if rest:
-        group, group_bytes, _ = _layout(rest)
-        segment = data[planes * count:]
-        if group_bytes == 1:
-            word = segment
-        else:
-            rows = -(-segment.size // group_bytes)
-            padded = np.zeros(rows * group_bytes, dtype=np.uint8)
-            padded[:segment.size] = segment
-            wide = np.zeros((rows, 8), dtype=np.uint8)  # a group's bytes, then zeros
-            wide[:, :group_bytes] = padded.reshape(rows, group_bytes)
-            word = wide.view("<u8").reshape(-1)
-        shifts = (np.arange(group) * rest).astype(word.dtype)
-        top = (word[:, None] >> shifts) & word.dtype.type((1 << rest) - 1)
-        codes |= top.reshape(-1)[:count].astype(dtype) << dtype(8 * planes)
-    return codes
+    """``unpack`` on the host (``kernels.unpack_codes``): data [packed_nbytes(count, width)]
+    uint8 -> [count] int32 (int64 for width 32)."""
+    return unpack_codes(data, width, count, np.empty(count, dtype=np.int64 if width > 31 else np.int32))
 
 
 #: Widths whose codes fill whole bytes, several a byte: :func:`lookup_packed` reads a byte's codes at once.
@@ -234,9 +203,6 @@ def _layout(width: int) -> tuple[int, int, torch.dtype]:
     bits = group * width
     word_dtype = torch.uint8 if bits <= 8 else torch.int32 if bits < 32 else torch.int64
     return group, bits // 8, word_dtype
-
-
-_HOST_WORDS = {torch.uint8: np.uint8, torch.int32: np.uint32, torch.int64: np.uint64}
 
 
 def _pad(t: torch.Tensor, multiple: int) -> torch.Tensor:

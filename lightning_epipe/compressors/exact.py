@@ -26,6 +26,7 @@ import math
 import numpy as np
 import torch
 
+from .kernels import frequent_values
 from .sampling import strided_sample
 
 __all__ = ["SPIKE_SAMPLE", "SPIKE_SHARE", "MAX_SPIKES", "MAX_ENTRIES", "repeated_values",
@@ -62,8 +63,8 @@ def repeated_values(flat: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
     where the caller has them (a tensor no larger than the sample is then not sorted again).
 
     A value repeated r times in the sorted sample s has ``s[i] == s[i + r - 1]`` for some
-    i: one comparison of two shifted views finds that there are none (the common case),
-    or that the only ones are known (ReLU zeros at the min).
+    i: one comparison of two shifted views finds that there are none (the common case);
+    else one compiled pass over the runs of the sample (``kernels.frequent_values``).
     """
     if ordered is not None and ordered.size <= sample_size:
         sample = ordered  # the whole tensor is the sample
@@ -74,19 +75,9 @@ def repeated_values(flat: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
     run = max(2, math.ceil(share * m))
     if m < run:
         return []
-    hits = sample[:m - run + 1] == sample[run - 1:]
-    if not hits.any():
+    if not (sample[:m - run + 1] == sample[run - 1:]).any():  # the common case: one compare, no call
         return []
-    found = sample[:m - run + 1][hits]
-    for value in known:
-        found = found[found != value]
-    if found.size == 0:
-        return []
-    found = np.unique(found)                                                    # [P] sorted
-    found = found[np.isfinite(found)]
-    counts = np.searchsorted(sample, found, "right") - np.searchsorted(sample, found, "left")
-    order = np.argsort(-counts, kind="stable")[:limit]
-    return [float(v) for v in found[order]]
+    return frequent_values(sample, run, np.asarray(known, dtype=np.float64), limit).tolist()
 
 
 def exact_candidates(lo: float, hi: float, flat: torch.Tensor | np.ndarray,

@@ -19,18 +19,30 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .bitpack import pack_host, packed_nbytes
+from .bitpack import pack_host, packed_nbytes, unpack_host
 from .exact import host_values
+from .kernels import LOOKUP_WIDTHS, lookup_codes
 
-__all__ = ["HOST_MAX", "on_host", "host_array", "host_payload", "cumsum_host"]
+__all__ = ["HOST_MAX", "COMPILED_MAX", "on_host", "compiled_on", "host_array", "host_payload",
+           "new_host_payload", "lookup_host", "cumsum_host"]
 
 #: Elements of a CPU tensor (16 KiB of float32) up to which codecs take the host path.
 HOST_MAX = 1 << 12
+#: Elements of a CPU tensor (4 MiB of float32) up to which a decode's lookup and the packing
+#: of codes run in the compiled one-pass loops (``kernels.py``) at any size; above it,
+#: torch's kernels, which use every thread torch is given.
+COMPILED_MAX = 1 << 20
 
 
 def on_host(numel: int, device: torch.device) -> bool:
     """Whether a tensor of ``numel`` elements on ``device`` takes the host path."""
     return device.type == "cpu" and numel <= HOST_MAX
+
+
+def compiled_on(numel: int, device: torch.device) -> bool:
+    """Whether codes of a tensor of ``numel`` elements on ``device`` are packed and looked
+    up by the compiled loops (``COMPILED_MAX``)."""
+    return device.type == "cpu" and numel <= COMPILED_MAX
 
 
 def host_array(x: torch.Tensor) -> np.ndarray | None:
@@ -43,10 +55,28 @@ def host_array(x: torch.Tensor) -> np.ndarray | None:
 
 def host_payload(head: bytes, codes: np.ndarray, bits: int) -> torch.Tensor:
     """``head`` followed by ``codes`` [N] packed at ``bits`` bits: a CPU uint8 payload."""
-    payload = np.empty(len(head) + packed_nbytes(codes.size, bits), dtype=np.uint8)
-    payload[:len(head)] = np.frombuffer(head, dtype=np.uint8)
-    pack_host(codes, bits, payload[len(head):])
+    payload, segment = new_host_payload(head, codes.size, bits)
+    pack_host(codes, bits, segment)
     return torch.from_numpy(payload)
+
+
+def new_host_payload(head: bytes, count: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """A payload with ``head`` written and room for ``count`` codes of ``bits`` bits:
+    (payload, its codes segment), uint8 numpy arrays."""
+    payload = np.empty(len(head) + packed_nbytes(count, bits), dtype=np.uint8)
+    payload[:len(head)] = np.frombuffer(head, dtype=np.uint8)
+    return payload, payload[len(head):]
+
+
+def lookup_host(table: torch.Tensor, packed: np.ndarray, bits: int, count: int) -> torch.Tensor:
+    """A decode's gather on the host: ``table[codes]`` for ``count`` codes of ``bits`` bits
+    packed in ``packed`` (uint8 numpy). table: [2**bits] CPU tensor of the output dtype
+    -> [count]. float32 and float64 at ``LOOKUP_WIDTHS`` bits: one compiled pass from the
+    packed bytes (``kernels.lookup_codes``); else the codes unpacked, then gathered."""
+    if table.dtype in (torch.float32, torch.float64) and bits in LOOKUP_WIDTHS:
+        values = table.numpy()
+        return torch.from_numpy(lookup_codes(values, packed, bits, count, np.empty(count, dtype=values.dtype)))
+    return torch.index_select(table, 0, torch.from_numpy(unpack_host(packed, bits, count)))
 
 
 #: Values up to which numpy's cumsum runs (torch's call costs a few microseconds more).

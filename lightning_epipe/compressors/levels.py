@@ -12,8 +12,8 @@ Payload (little-endian):
     exactly (``bitpack``)
 
 Prefix and tables are built and parsed on the host (a few hundred bytes), so a call costs
-a handful of tensor ops whatever the size; a small CPU tensor is coded and decoded in
-numpy (``host.py``), with the same codes. Decoding is one table lookup per element (a
+a handful of tensor ops whatever the size; a CPU tensor is coded and decoded on the host
+(``host.py``, ``kernels.py``: a few compiled calls), with the same codes. Decoding is one table lookup per element (a
 table of ``2**bits`` values), no sort.
 Shape legend: N elements, K = 2**split buckets, E exact entries.
 """
@@ -30,15 +30,16 @@ import numpy as np
 import torch
 
 from .base import Compressor
-from .bitpack import gather_codes, pack_into, packed_nbytes, unpack_host
+from .bitpack import gather_codes, pack_into, packed_nbytes
 from .cache_blocks import cache_blocks
 from .exact import MAX_ENTRIES, exact_bytes, exact_nbytes, parse_exact
-from .host import on_host
+from .host import compiled_on, lookup_host
+from .kernels import levels_decode
 from .packet import Packet, host_bytes
 from .sampling import strided_sample
 
 __all__ = ["Levels", "levels_nbytes", "levels_head", "new_payload", "write_codes",
-           "read_levels", "lookup", "cast_levels",
+           "read_levels", "lookup", "decode_levels", "cast_levels",
            "f32", "F32_OVERFLOW", "float32_code", "work_dtype", "host_work",
            "strided_sample"]
 
@@ -244,6 +245,24 @@ def _steps(q_bits: int) -> np.ndarray:
     return steps
 
 
+def decode_levels(codec: Compressor, packet: Packet, splits: tuple[int, int]) -> torch.Tensor:
+    """``read_levels`` then ``lookup``, with ``splits`` (least, most) the codec's range of
+    split: a CPU float32 or float64 tensor in one compiled call (``kernels.levels_decode``),
+    which only says whether the payload is right; where it is not (or another tensor), the
+    parse here words what is wrong and the codec's own check words a split outside
+    ``splits``."""
+    payload, numel = packet.payload, packet.shape.numel()
+    if compiled_on(numel, payload.device) and packet.dtype in (torch.float32, torch.float64):
+        out = np.empty(numel, dtype=np.float32 if packet.dtype == torch.float32 else np.float64)
+        if levels_decode(payload.numpy(), numel, splits[0], splits[1], out) == 0:
+            return torch.from_numpy(out).reshape(packet.shape)
+    levels = read_levels(codec, packet)
+    codec.expect_packet(packet, splits[0] <= levels.split <= splits[1],
+                        f"split is {levels.split}; {codec.name} uses {splits[0]}"
+                        + ("" if splits[0] == splits[1] else f"..{splits[1]}"))
+    return lookup(levels, numel, packet.dtype, packet.shape)
+
+
 def lookup(levels: Levels, numel: int, dtype: torch.dtype, shape: Sequence[int] | None = None) -> torch.Tensor:
     """Decode: [numel] of ``dtype`` (or ``shape``), each code replaced by its level (or exact value)."""
     q = _steps(levels.bits - levels.split)
@@ -255,15 +274,8 @@ def lookup(levels: Levels, numel: int, dtype: torch.dtype, shape: Sequence[int] 
     if levels.exact_codes.size:
         table[levels.exact_codes] = levels.exact_values
     device = levels.codes.device
-    if on_host(numel, device):  # one numpy unpack (none for bytes), one gather
-        packed = levels.codes.numpy()
-        codes = packed[:numel] if levels.bits == 8 else unpack_host(packed, levels.bits, numel)
-        if dtype in (torch.float32, torch.float64):  # rounded by numpy, as cast_levels does
-            # take, not table[codes]: a uint8 index is then not converted first (~3.5x faster);
-            # every code is below the table's 2**bits entries
-            out = np.take(table.astype(np.float32) if dtype == torch.float32 else table, codes, mode="clip")
-            return torch.from_numpy(out if shape is None else out.reshape(shape))
-        out = torch.index_select(cast_levels(table, dtype), 0, torch.from_numpy(codes.astype(np.int64)))
+    if compiled_on(numel, device):  # one compiled pass (most widths), rounded by numpy, as cast_levels does
+        out = lookup_host(cast_levels(table, dtype), levels.codes.numpy(), levels.bits, numel)
         return out if shape is None else out.reshape(shape)
     table = cast_levels(table, dtype)
     if device.type != "cpu":

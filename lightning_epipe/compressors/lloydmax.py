@@ -91,11 +91,13 @@ import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .bitpack import gather_codes, pack_into, packed_nbytes, unpack_host
+from .bitpack import gather_codes, pack_into, packed_nbytes
 from .cache_blocks import cache_blocks
 from .exact import host_values
 from .grid import GRID, Grid, grid_size
-from .host import cumsum_host, host_payload, on_host
+from .host import compiled_on, host_payload, lookup_host
+from .kernels import codebook_decode, count_below, fit_levels_sorted
+from .kernels import lloyd_steps as compiled_lloyd_steps
 from .levels import F32_OVERFLOW
 from .sampling import fit_sample_size, strided_sample
 from .packet import Packet, bytes_as, host_bytes
@@ -120,9 +122,6 @@ PIN_ENDS_FROM = 16
 #: sorted values in numpy, which costs less than the grid's fixed cost up to here
 #: (the grid is 4 cells per element; its histogram, code table and scans run over all of it).
 SORTED_FIT_MAX = 1 << 15
-#: Elements up to which the host path finds each one's nearest level by a binary search
-#: (one numpy call; a few compares per element cost more in calls than in data below it).
-SEARCH_BELOW = 1 << 10
 _PREFIX = 4
 
 
@@ -219,7 +218,14 @@ class LloydMax(Compressor):
         return host_payload(head + codebook.astype("<f4").tobytes(), codes, self.bits)
 
     def _decode(self, packet: Packet) -> torch.Tensor:
+        """A CPU float32 or float64 tensor in one compiled call (``kernels.codebook_decode``),
+        which only says whether the payload is right; where it is not (or another tensor),
+        the checks below word what is wrong."""
         payload, numel = packet.payload, packet.shape.numel()
+        if compiled_on(numel, payload.device) and packet.dtype in (torch.float32, torch.float64):
+            out = np.empty(numel, dtype=np.float32 if packet.dtype == torch.float32 else np.float64)
+            if codebook_decode(payload.numpy(), numel, MAX_BITS, out) == 0:
+                return torch.from_numpy(out).reshape(packet.shape)
         self.expect_packet(packet, payload.numel() >= _PREFIX,
                      f"shorter than the {_PREFIX}-byte prefix")
         bits, pad0, pad1, pad2 = host_bytes(payload, _PREFIX).tolist()
@@ -237,9 +243,8 @@ class LloydMax(Compressor):
                      "the codebook holds a non-finite value")
         table = codebook.to(packet.dtype)                                        # [L]
         codes = payload[_PREFIX + 4 * levels_n:]
-        if on_host(numel, payload.device):  # one numpy unpack, one gather
-            index = torch.from_numpy(unpack_host(codes.numpy(), bits, numel))
-            return torch.index_select(table, 0, index).reshape(packet.shape)
+        if compiled_on(numel, payload.device):  # one compiled pass
+            return lookup_host(table, codes.numpy(), bits, numel).reshape(packet.shape)
         return gather_codes(table, codes, bits, numel).reshape(packet.shape)
 
 
@@ -317,90 +322,11 @@ def fit_levels_host(values: np.ndarray, levels_n: int, iterations: int,
     count the weight), and the steps are those of ``fit_levels``: spikes (every value
     holding 1/(2L) of the tensor, the most frequent L/2 at most, and from
     ``PIN_ENDS_FROM`` levels the min and max) pinned, density-weighted initial levels,
-    then Lloyd steps (:func:`lloyd_steps`).
+    then Lloyd steps (:func:`lloyd_steps`); compiled, one call (``kernels.fit_levels_sorted``).
     """
-    count = values.size
-    new_value = np.empty(count, dtype=bool)
-    new_value[0] = True
-    np.not_equal(values[1:], values[:-1], out=new_value[1:])
-    starts = new_value.nonzero()[0]                                              # [D]
-    distinct = values[starts]
     if weights is None:
-        freq = np.empty_like(starts)                                             # [D]
-        np.subtract(starts[1:], starts[:-1], out=freq[:-1])
-        freq[-1] = count - starts[-1]
-        heavy = (freq >= -(-count // (2 * levels_n))).nonzero()[0]  # freq * 2L >= count
-    else:
-        freq = np.add.reduceat(weights, starts)                                  # [D]
-        heavy = (freq * (2 * levels_n) >= weights.sum()).nonzero()[0]
-    pin_ends = levels_n >= PIN_ENDS_FROM
-    limit = min(levels_n // 2, levels_n - 2) if pin_ends else levels_n // 2
-    if heavy.size > limit:
-        heavy = np.sort(heavy[np.argsort(-freq[heavy], kind="stable")[:limit]])
-    free = np.ones(distinct.size, dtype=bool)                                    # [D]
-    free[heavy] = False
-    if pin_ends:  # the min and max: the first and last distinct values
-        free[[0, -1]] = False
-    spikes = distinct[~free].astype(np.float64)                                  # [P] sorted
-    spikes_n = spikes.size
-    mean = distinct[free].astype(np.float64)                                     # [E]
-    weight = freq[free].astype(np.float64)                                       # [E]
-    free_n = levels_n - spikes_n
-
-    # Initial free levels: quantiles of the count weighted by density**(-2/3).
-    chosen = _spread_host(weight * _density_host(mean, weight, cell) ** (-2.0 / 3.0), free_n)
-    start = mean[chosen] if chosen.size else spikes[:1]
-    start = start[:free_n]
-    if start.size < free_n:  # fewer values than free levels: repeat the top one (unused)
-        start = np.concatenate([start, np.repeat(start[-1:], free_n - start.size)])
-    order = np.argsort(np.concatenate([spikes, start]), kind="stable")
-    levels = np.concatenate([spikes, start])[order]                              # [L]
-    pinned = order < spikes_n
-    if mean.size and iterations:
-        levels = lloyd_steps(mean, weight, levels, pinned, iterations)
-    return levels, pinned
-
-
-def _density_host(mean: np.ndarray, weight: np.ndarray, cell: float) -> np.ndarray:
-    """``_density`` on the host: [E] weight per unit over ``NEIGHBOURS`` points on either
-    side (over at least ``cell``).
-
-    Point i spans points ``max(i - k, 0) .. min(i + k, E - 1)``: with the prefix sums and the
-    points padded by k copies of their ends, both ends of every span are slices (no gather).
-    """
-    n, k = mean.size, NEIGHBOURS
-    below = np.empty(n + 1 + 2 * k)                     # [k zeros | 0, prefix sums | k copies of the total]
-    below[:k + 1] = 0.0
-    cumsum_host(weight, out=below[k + 1:k + 1 + n])
-    below[k + 1 + n:] = below[k + n]
-    points = np.empty(n + 2 * k)                        # [k copies of mean[0] | mean | k of mean[-1]]
-    points[k:k + n] = mean
-    if n:
-        points[:k], points[k + n:] = mean[0], mean[-1]
-    return (below[2 * k + 1:2 * k + 1 + n] - below[:n]) / np.maximum(points[2 * k:2 * k + n] - points[:n], cell)
-
-
-def _spread_host(weight: np.ndarray, n: int) -> np.ndarray:
-    """``_spread`` on the host: indices of ``min(n, E)`` points at equal-weight quantiles."""
-    cells_n = weight.size
-    if cells_n <= n:
-        return np.arange(cells_n)
-    below = cumsum_host(weight, np.empty_like(weight))                           # [E]
-    targets_n = n
-    for _ in range(8):
-        targets = (np.arange(targets_n) + 0.5) * (below[-1] / targets_n)
-        hit = np.minimum(below.searchsorted(targets), cells_n - 1)              # non-decreasing
-        distinct = np.empty(hit.size, dtype=bool)
-        distinct[0] = True
-        np.not_equal(hit[1:], hit[:-1], out=distinct[1:])
-        chosen = hit[distinct]
-        got = chosen.size
-        if got >= n:
-            break
-        targets_n = min(max(targets_n + 1, -(-targets_n * n // got)), 4 * cells_n)
-    if chosen.size > n:  # overshot: keep n of them, evenly spread
-        chosen = chosen[np.round(np.linspace(0, chosen.size - 1, n)).astype(np.int64)]
-    return chosen
+        weights = np.ones(values.size)
+    return fit_levels_sorted(values, weights, levels_n, iterations, cell, PIN_ENDS_FROM, NEIGHBOURS)
 
 
 def _density(mean: torch.Tensor, weight: torch.Tensor, grid: Grid) -> torch.Tensor:
@@ -471,31 +397,14 @@ def lloyd_steps(points: np.ndarray, weight: np.ndarray, levels: np.ndarray,
     """Weighted Lloyd steps: each level not ``fixed`` moves to the mean of the points
     nearest to it (boundaries at the midpoints of the levels, prefix sums: O(L log E) a
     step); stops early when no level moves. A level without points keeps its value.
+    Compiled (``kernels.lloyd_steps``): every step in one call.
 
     points: [E] sorted; weight: [E] > 0; levels: [L] float64 sorted; fixed: [L] bool or
     None -> [L] float64.
     """
-    below = np.zeros((2, points.size + 1))  # prefix sums of weight and of weight * point
-    cumsum_host(weight, out=below[0, 1:])
-    cumsum_host(points * weight, out=below[1, 1:])
-    edges = np.empty(levels.size + 1, dtype=np.int64)                            # [L+1]
-    edges[0], edges[-1] = 0, points.size
-    free = None if fixed is None or not fixed.any() else ~fixed
-    midpoints = np.empty(levels.size - 1)                                        # [L-1]
-    for _ in range(iterations):
-        np.add(levels[1:], levels[:-1], out=midpoints)
-        midpoints *= 0.5
-        edges[1:-1] = points.searchsorted(midpoints)
-        at = below.take(edges, axis=1)                                           # [2, L+1]
-        n, s = np.subtract(at[:, 1:], at[:, :-1])                                # [L] each
-        move = n > 0
-        if free is not None:
-            move &= free
-        moved = np.divide(s, n, out=levels.copy(), where=move)  # a level without points stays
-        if (moved == levels).all():
-            break
-        levels = moved
-    return levels
+    fixed = np.zeros(levels.size, dtype=np.bool_) if fixed is None else fixed
+    return compiled_lloyd_steps(np.ascontiguousarray(points, dtype=np.float64), np.ascontiguousarray(weight, dtype=np.float64),
+                                levels.astype(np.float64), fixed, iterations)
 
 
 #: Ranks at either end of the sorted fit sample past which a tensor's values all enter the
@@ -529,55 +438,7 @@ def fit_sample(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray | None]
 
 def nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:
     """x: [N] -> [N] index of the nearest of the sorted ``levels`` [L] (ties to the lower),
-    i.e. the number of midpoints below each value: uint8 for L <= 256, else int32."""
+    i.e. the number of midpoints below each value (``kernels.count_below``: one compiled
+    pass; NaN past every one): uint8 for L <= 256, else int32."""
     cuts = (levels[1:] + levels[:-1]) / 2                                        # [L-1]
-    code_dtype = np.uint8 if levels.size <= 256 else np.int32
-    if x.size <= SEARCH_BELOW:
-        return np.searchsorted(cuts, x.astype(np.float64, copy=False)).astype(code_dtype)
-    if cuts.size > 15:
-        return _count_below(x.astype(np.float64, copy=False), cuts).astype(code_dtype)
-    if x.dtype == np.float32:  # x > c is x > (the largest float32 <= c): compare in float32
-        cuts32 = cuts.astype(np.float32)
-        cuts = np.where(cuts32 > cuts, np.nextafter(cuts32, np.float32(-np.inf)), cuts32)
-    codes = np.zeros(x.size, dtype=np.uint8)
-    above = np.empty(x.size, dtype=bool)  # one buffer for every compare
-    for cut in cuts:  # 15 branch-free compares beat a binary search per element, from a few thousand
-        codes += np.greater(x, cut, out=above).view(np.uint8)
-    return codes
-
-
-#: Cells per cut of the grid that ``_count_below`` takes its first guess from.
-GUESS_CELLS_PER_CUT = 16
-
-
-def _count_below(x: np.ndarray, cuts: np.ndarray) -> np.ndarray:
-    """``np.searchsorted(cuts, x)``: x [N] float64, cuts [C] float64 sorted -> [N] intp, the
-    number of cuts below each value (a value on a cut is not past it; NaN past every one).
-
-    A binary search per element on unsorted values is slow (branches mispredicted at every
-    step). Here each element's guess is read from a table over a uniform grid of the cuts'
-    span (16 cells a cut), moved up and down once by exact compares with the cuts around
-    it, and checked; the elements still wrong (cuts crowded into one cell) are searched.
-    With it an 8-bit encode of 128 KiB takes 0.63x of the time (``benchmarks/README.md``,
-    section 5).
-    """
-    lo, hi = cuts[0], cuts[-1]
-    cells = GUESS_CELLS_PER_CUT * cuts.size
-    scale = cells / (hi - lo) if hi > lo else 0.0
-    if not 0.0 < scale < np.inf:  # one distinct cut, or a span past float64's range
-        return np.searchsorted(cuts, x)
-    with np.errstate(over="ignore"):  # far values: inf, clamped to the last cell
-        position = np.subtract(x, lo)
-        position *= scale
-    np.fmin(np.fmax(position, 0.0, out=position), cells, out=position)  # NaN: cell 0, searched below
-    table = np.searchsorted(cuts, lo + np.arange(cells + 1) / scale)            # [G+1]
-    code = table[position.astype(np.intp)]                                      # [N] guesses
-    bounds = np.concatenate([[-np.inf], cuts, [np.inf]])                        # code k: (bounds[k], bounds[k+1]]
-    above = bounds[1:]
-    code += x > above[code]
-    code -= x <= bounds[code]
-    right = (x > bounds[code]) & (x <= above[code])
-    if not right.all():
-        wrong = np.flatnonzero(~right)
-        code[wrong] = np.searchsorted(cuts, x[wrong])
-    return code
+    return count_below(x, cuts, np.empty(x.size, dtype=np.uint8 if levels.size <= 256 else np.int32))

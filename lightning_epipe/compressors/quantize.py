@@ -4,7 +4,8 @@ Every element x of a tensor with range [min, max] becomes the code
 ``q = round((x - min) / step)``, ``step = (max - min) / (2**bits - 1)``, and decodes to
 ``min + q * step``: ``|x - y| <= step / 2`` plus float32 rounding. Min, max and repeated
 values (``exact.py``) decode bit-exactly; an element sharing a code with one of them is
-within one step. A small CPU tensor is coded in numpy (``host.py``): the same payload,
+within one step. A CPU tensor of up to ``host.COMPILED_MAX`` elements is coded on the host
+in two compiled passes (``kernels.min_max``, ``kernels.quantize_codes``): the same payload,
 bit for bit. Payload: the levels format (``levels.py``) with one bucket, i.e.
 ``12 + 10 * E + ceil(N * bits / 8)`` bytes, E exact entries (usually 1: the max).
 """
@@ -18,9 +19,12 @@ import torch
 
 from .base import Compressor, check_int
 from .exact import exact_candidates
-from .host import host_array, host_payload
-from .levels import (F32_OVERFLOW, f32, float32_code, host_work, levels_head, lookup,
-                     new_payload, read_levels, write_codes)
+from .bitpack import pack_host
+from .exact import host_values
+from .host import compiled_on, new_host_payload
+from .kernels import min_max, quantize_codes
+from .levels import (F32_OVERFLOW, decode_levels, f32, float32_code, host_work, levels_head, new_payload,
+                     write_codes)
 from .packet import Packet
 from .registry import register_compressor
 
@@ -49,9 +53,7 @@ class Quantize(Compressor):
         return encode_uniform(self, x.reshape(-1), self.bits)
 
     def _decode(self, packet: Packet) -> torch.Tensor:
-        levels = read_levels(self, packet)
-        self.expect_packet(packet, levels.split == 0, f"split is {levels.split}, quantize uses 0")
-        return lookup(levels, packet.shape.numel(), packet.dtype, packet.shape)
+        return decode_levels(self, packet, (0, 0))
 
 
 def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Tensor:
@@ -59,13 +61,13 @@ def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Te
 
     Scalars live on the host: one read of (min, max), a sampled search for repeated
     values, then one fused pass per chunk ``round((x - lo) * scale)`` (on the host path,
-    ``host.py``, the same arithmetic in numpy: the same codes).
+    ``host.py``, the same arithmetic compiled: the same codes).
     """
-    host = host_array(flat)
+    host = host_values(flat) if compiled_on(flat.numel(), flat.device) else None
     if host is None:
         lo, hi = torch.stack(torch.aminmax(flat)).tolist()
     else:
-        lo, hi = float(host.min()), float(host.max())
+        lo, hi = min_max(host)
     span = hi - lo
     codec.raise_if_nonfinite(flat, probe=span)
     top = (1 << bits) - 1
@@ -82,8 +84,14 @@ def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Te
     # pass needed. A span past float32's max (finite values near +-3e38) makes x - lo
     # Inf for the top elements: clamped, they take the top code (the max's).
     finite = math.isfinite(span) and (flat.dtype == torch.float64 or span < F32_OVERFLOW)
-    if host is not None:
-        return host_payload(head, _host_codes(host, lo_w, scale, top, flat.dtype, finite), bits)
+    if host is not None:  # one compiled pass, straight into the payload up to 8 bits
+        payload, segment = new_host_payload(head, host.size, bits)
+        codes = segment if bits == 8 else np.empty(host.size, dtype=np.uint8 if bits < 8 else np.int32)
+        work = np.float64 if host.dtype == np.float64 else np.float32  # work_dtype's
+        quantize_codes(host, work(lo_w), work(scale), work(top), codes)  # Inf clamps to top
+        if codes is not segment:
+            pack_host(codes, bits, segment)
+        return torch.from_numpy(payload)
     payload, segment = new_payload(flat.numel(), bits, head, flat.device)
     write_codes(flat, bits, lambda chunk: torch.sub(chunk, lo_w).mul_(scale), segment,
                 clamp=not finite)
@@ -120,16 +128,3 @@ def _uniform_code(value: float, lo: float, scale: float, top: int, dtype: torch.
         return float32_code(value, lo, scale, top)
     pos = (value - lo) * scale
     return min(max(round(pos), 0), top) if abs(pos) < math.inf else None
-
-
-def _host_codes(flat: np.ndarray, lo: float, scale: float, top: int, dtype: torch.dtype,
-                finite: bool) -> np.ndarray:
-    """The host path's codes, ``uniform_codes`` of every element: [N] -> [N] uint8 (up to 8
-    bits) or int32. One clip-free pass when the range is ``finite``, as on the torch path."""
-    if not finite:  # Inf clamps to the top code; NaN (check_finite=False) to any code
-        with np.errstate(over="ignore", invalid="ignore"):
-            pos = np.rint((flat - host_work(lo, dtype)) * host_work(scale, dtype))
-            return np.clip(np.nan_to_num(pos, posinf=top), 0, top).astype(np.int32)
-    pos = np.subtract(flat, host_work(lo, dtype))
-    pos *= host_work(scale, dtype)
-    return np.rint(pos, out=pos).astype(np.uint8 if top < 256 else np.int32)

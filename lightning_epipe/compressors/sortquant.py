@@ -34,7 +34,6 @@ Shape legend: N elements, K buckets, G grid cells, M sampled elements.
 
 from __future__ import annotations
 
-import bisect
 import functools
 import math
 from collections.abc import Callable
@@ -43,11 +42,11 @@ import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .bitpack import pack
+from .bitpack import pack, pack_host
 from .exact import exact_candidates, host_values
-from .host import host_payload
-from .levels import (f32, float32_code, host_work, levels_head, lookup, new_payload, read_levels,
-                     work_dtype, write_codes)
+from .host import host_payload, new_host_payload
+from .kernels import CHAIN_BUCKETS, sortquant_codes, sortquant_tables
+from .levels import decode_levels, f32, host_work, levels_head, new_payload, work_dtype, write_codes
 from .sampling import strided_sample
 from .packet import Packet
 from .registry import register_compressor
@@ -120,13 +119,11 @@ class SortQuant(Compressor):
 
     def _small(self, flat: torch.Tensor) -> bool:
         """Whether ``flat`` takes exact boundaries on the host (``EXACT_BELOW``)."""
-        few_buckets = (1 << self.split) - 1 <= _COMPARED_THRESHOLDS
+        few_buckets = (1 << self.split) <= CHAIN_BUCKETS
         return flat.numel() <= (EXACT_BELOW if flat.device.type == "cpu" and few_buckets else EXACT_BELOW_OTHERWISE)
 
     def _decode(self, packet: Packet) -> torch.Tensor:
-        levels = read_levels(self, packet)
-        self.expect_packet(packet, levels.split >= 1, "split is 0; that is a quantize payload")
-        return lookup(levels, packet.shape.numel(), packet.dtype, packet.shape)
+        return decode_levels(self, packet, (1, 15))  # split 0: a quantize payload
 
     def _encode_exact(self, flat: torch.Tensor) -> torch.Tensor:
         """Stable sort, rank buckets, per-bucket [min, max] with 2**Q - 1 steps."""
@@ -161,8 +158,9 @@ class SortQuant(Compressor):
         of numpy calls cost less than the tensor path's ops. Up to ``ARGSORT_BELOW``
         elements, the stable sort's permutation (as the torch path); above, no argsort
         (many times the cost of a sort there): each element finds its bucket by comparison
-        with the values at the bucket starts (``_rank_buckets``) and the few exact values
-        find their codes in Python floats (``_exact_codes``). Same codes, bit for bit."""
+        with the values at the bucket starts and its code in one compiled pass
+        (``_rank_codes``), written straight into the payload at 8 bits, and the few exact
+        values find their codes in Python floats (``_exact_codes``). Same codes, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
         order = np.argsort(x, kind="stable") if count <= ARGSORT_BELOW else None  # [N]
@@ -170,21 +168,30 @@ class SortQuant(Compressor):
         first, last = float(values[0]), float(values[-1])
         self.raise_if_nonfinite(flat, probe=last - first)  # NaN sorts last
         starts = _starts(count, buckets)
+        exact = exact_candidates(first, last, x, ordered=values)
+        if order is None:  # two compiled calls: the tables and exact pairs, then every code
+            starts64 = _starts_array(count, buckets)
+            lo, step = np.empty(buckets), np.empty(buckets)                      # [K]
+            lo32, step32 = np.empty(buckets, np.float32), np.empty(buckets, np.float32)
+            pair_codes, pair_values = np.empty(exact.size * (buckets + 1), np.int64), np.empty(exact.size * (buckets + 1))
+            pairs = sortquant_tables(values, starts64, q_bits, exact, lo, step, lo32, step32, pair_codes, pair_values)
+            head = levels_head(self.bits, self.split, lo, step,
+                               list(zip(pair_codes[:pairs].tolist(), pair_values[:pairs].tolist())), flat.dtype)
+            payload, segment = new_host_payload(head, count, self.bits)
+            codes = segment if self.bits == 8 else np.empty(count, dtype=np.int32)  # [N]
+            sortquant_codes(x, values, starts64, lo32, step32, q_bits, codes)
+            if codes is not segment:
+                pack_host(codes, self.bits, segment)
+            return torch.from_numpy(payload).to(flat.device)
         lo, step = _bucket_tables(values[_end_ranks(count, buckets)], starts, q_bits)
         lo32 = lo.astype(np.float32)
         step32 = np.where(step > 0, step, 1.0).astype(np.float32)
-        exact = exact_candidates(first, last, x, ordered=values)
-        if order is None:
-            bucket = _rank_buckets(x, values, starts)                            # [N] int32
-            codes = _host_bucket_codes(x, bucket, lo32, step32, q_bits)           # [N] int32
-            pairs = _exact_codes(exact, values, starts, lo32, step32, q_bits)
-        else:
-            sorted_codes = _host_bucket_codes(values, _bucket_of_rank_host(count, buckets), lo32, step32,
-                                              q_bits, _rank_offsets(count, buckets, q_bits))  # [N] int32
-            codes = np.empty_like(sorted_codes)
-            codes[order] = sorted_codes
-            pairs = _exact_in_runs(exact.tolist(), _runs(values, exact), starts,
-                                   lambda at: [sorted_codes.item(rank) for rank in at])
+        sorted_codes = _host_bucket_codes(values, _bucket_of_rank_host(count, buckets), lo32, step32,
+                                          q_bits, _rank_offsets(count, buckets, q_bits))  # [N] int32
+        codes = np.empty_like(sorted_codes)
+        codes[order] = sorted_codes
+        pairs = _exact_in_runs(exact.tolist(), _runs(values, exact), starts,
+                               lambda at: [sorted_codes.item(rank) for rank in at])
         head = levels_head(self.bits, self.split, lo, step, pairs, flat.dtype)
         return host_payload(head, codes, self.bits).to(flat.device)
 
@@ -315,33 +322,6 @@ def _host_bucket_codes(v: np.ndarray, bucket: np.ndarray, lo32: np.ndarray, step
     return codes
 
 
-def _exact_codes(exact: np.ndarray, values: np.ndarray, starts: tuple[int, ...], lo32: np.ndarray,
-                 step32: np.ndarray, q_bits: int) -> list[tuple[int, float]]:
-    """(code, value) pairs of the exact values ``exact`` [E] of the sorted ``values`` [N]
-    (``_exact_in_runs``), each code computed in Python floats (``float32_code``), or in
-    numpy where a value is outside float32's range."""
-    runs = _runs(values, exact)
-    lo, step, top = lo32.tolist(), step32.tolist(), (1 << q_bits) - 1
-
-    def codes_at(ranks: list[int]) -> list[int]:
-        out = []
-        for rank in ranks:
-            k = bisect.bisect_right(starts, rank) - 1
-            code = float32_code(float(values[rank]), lo[k], step[k], top, divide=True)
-            if code is None:
-                return _host_bucket_codes(values[ranks], np.searchsorted(starts, ranks, "right") - 1,
-                                          lo32, step32, q_bits).tolist()
-            out.append(code + (k << q_bits))
-        return out
-
-    return _exact_in_runs(exact.tolist(), runs, starts, codes_at)
-
-
-#: Thresholds up to which an element's bucket is a sum of comparisons (K-1 passes over
-#: the tensor) rather than a binary search (``searchsorted``, slower per element).
-_COMPARED_THRESHOLDS = 7
-
-
 def _runs(values: np.ndarray, exact: np.ndarray) -> list[tuple[int, int]]:
     """The run [a, b) of each exact value [E] in the sorted ``values`` [N]."""
     exact_as = exact.astype(values.dtype)  # exact: they are values' own (no float64 copy of values)
@@ -349,47 +329,12 @@ def _runs(values: np.ndarray, exact: np.ndarray) -> list[tuple[int, int]]:
                     np.searchsorted(values, exact_as, "right").tolist()))
 
 
-def _rank_buckets(x: np.ndarray, values: np.ndarray, starts: tuple[int, ...]) -> np.ndarray:
-    """The bucket of each element's rank in a stable sort, without the sort's permutation.
-
-    x: [N] values; values: [N] x sorted; starts: [K+1] (``_starts``) -> [N] int32. An
-    element reaches bucket k if it is at or above the value t at rank ``starts[k]``
-    (#{t <= x} over the K-1 thresholds); the elements equal to a t whose run crosses
-    a start take the buckets of their ranks, the j-th of them (in x's order) rank
-    ``first rank of t + j``, as the stable sort places them.
-    NaN (``check_finite=False``) sorts last and compares false: bucket 0, as with ``x >= t``.
-    """
-    inner = _inner_starts(x.size, len(starts) - 1)  # buckets past the end are empty
-    if inner.size == 0:
-        return np.zeros(x.size, dtype=np.int32)
-    thresholds = values[inner]                                                  # [J] sorted
-    if thresholds.size <= _COMPARED_THRESHOLDS:
-        bucket = np.greater_equal(x, thresholds[0]).astype(np.int32)
-        for t in thresholds[1:]:
-            bucket += x >= t
-    else:
-        bucket = np.searchsorted(thresholds, x, side="right").astype(np.int32)  # NaN: past every one
-        if values[-1] != values[-1]:
-            bucket[np.isnan(x)] = 0
-    crossing = values[inner - 1] == thresholds  # a run of t crosses the start
-    if crossing.any():
-        of_rank = _bucket_of_rank_host(x.size, len(starts) - 1)
-        for t in dict.fromkeys(thresholds[crossing].tolist()):
-            at = np.flatnonzero(x == t)
-            first = int(np.searchsorted(values, values.dtype.type(t)))  # t is one of values: exact
-            # the compares gave the run the bucket of its last rank: only ranks before that
-            # bucket's start move down
-            lower = max(starts[of_rank[first + at.size - 1]] - first, 0)
-            bucket[at[:lower]] = of_rank[first:first + lower]
-    return bucket
-
-
 @functools.lru_cache(maxsize=16)
-def _inner_starts(count: int, buckets: int) -> np.ndarray:
-    """[J] the buckets' first ranks inside (0, count), read only; cached."""
-    inner = np.asarray([s for s in _starts(count, buckets)[1:-1] if s < count], dtype=np.intp)
-    inner.flags.writeable = False
-    return inner
+def _starts_array(count: int, buckets: int) -> np.ndarray:
+    """``_starts`` as a read-only int64 array [K+1]; cached."""
+    starts = np.asarray(_starts(count, buckets), dtype=np.int64)
+    starts.flags.writeable = False
+    return starts
 
 
 @functools.lru_cache(maxsize=16)

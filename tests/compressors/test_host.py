@@ -8,9 +8,9 @@ from lightning_epipe.compressors import NonFiniteError, Packet, bitpack, get_com
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
 from lightning_epipe.compressors.exact import host_values
 from lightning_epipe.compressors.levels import f32
-from lightning_epipe.compressors.lloydmax import (TAIL_RANKS, _count_below, fit_levels_host, fit_sample, lloyd_steps,
-                                                  nearest)
-from lightning_epipe.compressors.sortquant import _rank_buckets, _starts
+from lightning_epipe.compressors.lloydmax import TAIL_RANKS, fit_levels_host, fit_sample, lloyd_steps, nearest
+from lightning_epipe.compressors.kernels import sortquant_codes
+from lightning_epipe.compressors.sortquant import _starts
 
 from .cases import codec_id
 
@@ -100,9 +100,9 @@ def test_min_max_and_repeats_are_exact_on_both_sides_of_the_threshold(case, side
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("n", [1000, 20_000], ids=["search", "compare"])  # lloydmax.nearest's two ways
+@pytest.mark.parametrize("n", [1000, 20_000])
 def test_lloydmax_host_path_codes_each_value_as_its_nearest_level(bits, dtype, n):
-    assert (n <= lloydmax.SEARCH_BELOW) == (n == 1000) and n <= lloydmax.SORTED_FIT_MAX
+    assert n <= lloydmax.SORTED_FIT_MAX
     x = torch.randn(n, generator=torch.Generator().manual_seed(bits)).to(dtype)
     c = get_compressor("lloydmax", bits=bits)
     p = c.encode(x)
@@ -180,24 +180,6 @@ def test_lloydmax_host_path_with_a_nan_outside_the_sample(check_finite):
         assert (book == x.nan_to_num(nan=0.0).min()).all()
 
 
-def _cut_cases():
-    """(x, cuts): values on the cuts, between them and outside, crowded and repeated cuts."""
-    rng = np.random.default_rng(5)
-    spread = np.sort(rng.standard_normal(255))
-    crowded = np.sort(np.concatenate([np.zeros(100), rng.random(30) * 1e-9, rng.standard_normal(125)]))
-    for cuts in (spread, crowded, np.array([0.0, 1.0] * 10 + [2.0]).cumsum() / 7, np.full(31, 0.5),
-                 np.array([-1e300, 0.0, 1e300] + [1e300] * 20)):
-        cuts = np.sort(cuts)
-        x = np.concatenate([rng.standard_normal(3000), cuts, np.nextafter(cuts, np.inf), np.nextafter(cuts, -np.inf),
-                            np.zeros(500), [np.inf, -np.inf, np.nan, 1e308, -1e308]])
-        yield rng.permutation(x), cuts
-
-
-def test_count_below_is_searchsorted():
-    for x, cuts in _cut_cases():
-        assert np.array_equal(_count_below(x, cuts), np.searchsorted(cuts, x))
-
-
 def test_lloydmax_host_path_pins_a_spike_inside_the_range():
     x = torch.randn(3000, generator=torch.Generator().manual_seed(1))
     x[::5] = 0.3
@@ -209,13 +191,16 @@ def test_lloydmax_host_path_pins_a_spike_inside_the_range():
 @pytest.mark.parametrize("values", [[0, 0, 0, 1, 1, 1, 1, 2], [5] * 9, [1, 2, 2, 2, 2, 2, 2, 3],
                                     [0] * 7 + [1]])
 @pytest.mark.parametrize("buckets", [2, 4, 16])
-def test_rank_buckets_are_the_buckets_of_a_stable_sort(values, buckets):
-    x = np.random.default_rng(len(values)).permutation(np.asarray(values, dtype=np.float32))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rank_codes_are_in_the_buckets_of_a_stable_sort(values, buckets, dtype):
+    x = np.random.default_rng(len(values)).permutation(np.asarray(values, dtype=dtype))
     order = np.argsort(x, kind="stable")
     starts = _starts(x.size, buckets)
     expected = np.empty(x.size, dtype=np.int64)
     expected[order] = np.repeat(np.arange(buckets), np.diff(starts))
-    assert np.array_equal(_rank_buckets(x, np.sort(x), starts), expected)
+    codes = np.empty(x.size, dtype=np.int32)  # a code's top bits are its bucket (up to 8: one compiled pass)
+    sortquant_codes(x, np.sort(x), np.asarray(starts), np.zeros(buckets, np.float32), np.ones(buckets, np.float32), 4, codes)
+    assert np.array_equal(codes >> 4, expected)
 
 
 @pytest.mark.parametrize("n", [1000, 100_000], ids=["host", "torch"])

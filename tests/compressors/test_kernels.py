@@ -1,0 +1,181 @@
+"""The compiled host loops (``kernels.py``) against their numpy definitions, bit for bit."""
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_epipe.compressors import get_compressor, host, kernels, lloydmax
+from lightning_epipe.compressors.bitpack import pack, pack_into, packed_nbytes
+from lightning_epipe.compressors.levels import lookup, read_levels
+
+
+def _cut_cases():
+    """(x, cuts): values on the cuts, between them and outside, crowded and repeated cuts."""
+    rng = np.random.default_rng(5)
+    spread = np.sort(rng.standard_normal(255))
+    crowded = np.sort(np.concatenate([np.zeros(100), rng.random(30) * 1e-9, rng.standard_normal(125)]))
+    for cuts in (spread, crowded, np.array([0.0, 1.0] * 10 + [2.0]).cumsum() / 7, np.full(31, 0.5),
+                 np.array([-1e300, 0.0, 1e300] + [1e300] * 20), spread[::17], spread[:1], crowded[95:110],
+                 np.float32(np.pi) + np.arange(3) * 1e-9):  # cuts between float32 neighbours
+        cuts = np.sort(cuts)
+        x = np.concatenate([rng.standard_normal(3000), cuts, np.nextafter(cuts, np.inf), np.nextafter(cuts, -np.inf),
+                            np.zeros(500), [np.inf, -np.inf, np.nan, 1e308, -1e308]])
+        yield rng.permutation(x), cuts
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_count_below_is_searchsorted(dtype):
+    for x, cuts in _cut_cases():
+        with np.errstate(over="ignore"):
+            x = x.astype(dtype)
+        out = kernels.count_below(x, cuts, np.empty(x.size, dtype=np.int32))
+        assert np.array_equal(out, np.searchsorted(cuts, x.astype(np.float64))), cuts.size
+
+
+@pytest.mark.parametrize("width", range(1, 33))
+@pytest.mark.parametrize("count", [0, 1, 7, 9, 4099])
+def test_packing_is_the_torch_layout_and_unpacks_back(width, count):
+    codes = np.random.default_rng(width * count).integers(0, 1 << width, count, dtype=np.int64)
+    out = np.empty(packed_nbytes(count, width), dtype=np.uint8)
+    kernels.pack_codes(codes, width, out)
+    torch_layout = torch.empty(packed_nbytes(count, width), dtype=torch.uint8)
+    for start in range(0, count, 4096):  # the torch path, block by block
+        pack_into(torch.from_numpy(codes[start:start + 4096]), width, torch_layout, start, count)
+    assert np.array_equal(out, torch_layout.numpy())
+    back = kernels.unpack_codes(out, width, count, np.empty(count, dtype=np.int64 if width > 31 else np.int32))
+    assert np.array_equal(back, codes)
+    if width in kernels.LOOKUP_WIDTHS:
+        table = np.random.default_rng(width).standard_normal(1 << width)
+        assert np.array_equal(kernels.lookup_codes(table, out, width, count, np.empty(count)), table[codes])
+
+
+def test_packing_drops_the_bits_above_the_width():
+    codes = np.array([0x1F3, 0x2F, 0x10], dtype=np.int32)
+    out = np.empty(2, dtype=np.uint8)
+    kernels.pack_codes(codes, 4, out)
+    assert np.array_equal(out, pack(torch.from_numpy(codes & 15), 4).numpy())
+
+
+def test_lookup_reads_only_widths_it_knows():
+    with pytest.raises(ValueError, match="widths"):
+        kernels.lookup_codes(np.zeros(8), np.zeros(3, np.uint8), 3, 8, np.empty(8))
+
+
+def _numpy_bucket_codes(x, thresholds, lo, step, q_bits):
+    bucket = (x[:, None] >= thresholds[None, :]).sum(axis=1)
+    q = np.subtract(x, lo[bucket], dtype=np.float32) / step[bucket]
+    return np.clip(np.rint(q), 0, (1 << q_bits) - 1).astype(np.int32) + (bucket.astype(np.int32) << q_bits)
+
+
+@pytest.mark.parametrize("buckets", [1, 2, 5, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bucket_codes_are_the_float32_arithmetic_of_the_torch_path(buckets, dtype):
+    rng = np.random.default_rng(buckets)
+    x = np.concatenate([rng.standard_normal(5000) * 3, np.zeros(100), [np.inf, -np.inf]]).astype(dtype)
+    thresholds = np.sort(rng.standard_normal(buckets - 1)).astype(dtype)
+    x[:buckets - 1] = thresholds  # elements on the thresholds
+    lo = np.concatenate([[-12.0], thresholds]).astype(np.float32)
+    step = rng.random(buckets).astype(np.float32) / 20 + 1e-3
+    q_bits = 5
+    pad = kernels.CHAIN_BUCKETS - buckets
+
+    def padded(a, fill):
+        return np.concatenate([a, np.full(pad, fill, dtype=a.dtype)])
+
+    out = np.empty(x.size, dtype=np.int32)
+    kernels.bucket_codes(x, padded(thresholds, np.inf), padded(lo, lo[-1]), padded(step, step[-1]),
+                         padded(np.arange(buckets, dtype=np.int32) << q_bits, (buckets - 1) << q_bits),
+                         np.float32((1 << q_bits) - 1), out)
+    assert np.array_equal(out, _numpy_bucket_codes(x, thresholds, lo, step, q_bits))
+
+
+def test_retag_run_gives_a_values_elements_new_codes_by_count():
+    x = np.array([2.0, 0.0, 1.0, 0.0, 0.0, 0.0, 3.0, 0.0], dtype=np.float32)
+    out = np.full(x.size, -1, dtype=np.int32)
+    kernels.retag_run(x, np.float32(0.0), np.array([1, 3]), np.array([10, 11], dtype=np.int32), out)
+    assert out.tolist() == [-1, 10, -1, 11, 11, -1, -1, -1]  # the fourth and fifth zeros keep theirs
+
+
+LEVELS_CASES = [("quantize", {"bits": b}) for b in (2, 5, 8, 13, 16)] + [
+    ("sortquant", {"bits": 8}), ("sortquant", {"bits": 12, "split": 3}), ("sortquant", {"bits": 4})]
+
+
+def _inputs(n):
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    return [torch.relu(x), torch.where(x < 0, -1e4, 0.0), x * 1e-3]
+
+
+@pytest.mark.parametrize("case", LEVELS_CASES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_levels_decode_is_the_parse_and_lookup_in_one_call(case, dtype):
+    name, kwargs = case
+    c = get_compressor(name, **kwargs)
+    for n in (1, 37, 5000):
+        for x in _inputs(n):
+            p = c.encode(x.to(dtype))
+            out = np.empty(n, dtype=np.float32 if dtype == torch.float32 else np.float64)
+            assert kernels.levels_decode(p.payload.numpy(), n, 0, 15, out) == 0
+            assert np.array_equal(out, lookup(read_levels(c, p), n, dtype).numpy())
+
+
+def _corruptions(raw: np.ndarray, split: int, entries: int):
+    """A valid levels payload broken one way at a time: each must be refused."""
+    k = 1 << split
+    yield raw[:3]
+    yield raw[:-1]
+    for at, value in [(0, 1), (0, 17), (1, 9), (3, 1)]:
+        bad = raw.copy()
+        bad[at] = value
+        yield bad
+    for at, value in [(4, np.float32(np.nan)), (4 + 4 * k, np.float32(-1.0)), (4 + 4 * k, np.float32(np.inf))]:
+        bad = raw.copy()
+        bad[at:at + 4] = np.frombuffer(np.float32(value).tobytes(), np.uint8)
+        yield bad
+    if entries and raw[0] < 16:  # a code past 2**bits (every uint16 is a 16-bit code)
+        bad = raw.copy()
+        bad[4 + 8 * k:4 + 8 * k + 2] = np.frombuffer(np.uint16(0xFFFF).tobytes(), np.uint8)
+        yield bad
+    if entries:
+        bad = raw.copy()
+        at = 4 + 8 * k + 2 * entries
+        bad[at:at + 8] = np.frombuffer(np.float64(np.inf).tobytes(), np.uint8)
+        yield bad
+
+
+@pytest.mark.parametrize("case", LEVELS_CASES, ids=str)
+def test_levels_decode_refuses_every_broken_payload_and_a_split_out_of_range(case):
+    name, kwargs = case
+    n = 100
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    x[::4] = 0.1234567  # a repeated value, exact: an entry of the exact table
+    raw = get_compressor(name, **kwargs).encode(x).payload.numpy()
+    split, entries = int(raw[1]), int(raw[2])
+    assert entries > 0
+    out = np.empty(n, dtype=np.float32)
+    for bad in _corruptions(raw, split, entries):
+        assert kernels.levels_decode(bad, n, 0, 15, out) == 1
+    assert kernels.levels_decode(raw, n + 8, 0, 15, out) == 1  # another shape's size
+    assert kernels.levels_decode(raw, n, split + 1, 15, out) == 1
+    assert kernels.levels_decode(raw, n, 0, split - 1, out) == 1 if split else True
+
+
+@pytest.mark.parametrize("bits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_codebook_decode_is_lloydmax_decode_in_one_call_and_refuses_broken_payloads(bits, dtype, monkeypatch):
+    c = get_compressor("lloydmax", bits=bits)
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(bits)).to(dtype)
+    raw = c.encode(x).payload.numpy()
+    out = np.empty(x.numel(), dtype=np.float32 if dtype == torch.float32 else np.float64)
+    assert kernels.codebook_decode(raw, x.numel(), lloydmax.MAX_BITS, out) == 0
+    monkeypatch.setattr(host, "COMPILED_MAX", -1)  # the torch path's decode
+    monkeypatch.setattr(lloydmax, "compiled_on", host.compiled_on)
+    assert np.array_equal(out, c.decode(c.encode(x)).numpy())
+    for at, value in [(0, 0), (0, 9), (2, 1)]:
+        bad = raw.copy()
+        bad[at] = value
+        assert kernels.codebook_decode(bad, x.numel(), lloydmax.MAX_BITS, out) == 1
+    bad = raw.copy()
+    bad[4:8] = np.frombuffer(np.float32(np.nan).tobytes(), np.uint8)
+    assert kernels.codebook_decode(bad, x.numel(), lloydmax.MAX_BITS, out) == 1
+    assert kernels.codebook_decode(raw[:-1], x.numel(), lloydmax.MAX_BITS, out) == 1
