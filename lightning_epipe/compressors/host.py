@@ -1,15 +1,17 @@
-"""The small-tensor host path: a small CPU tensor is coded in numpy, not in torch ops.
+"""The host path: a CPU tensor coded through numpy views and compiled loops, not torch ops.
 
-Each torch op on a small CPU tensor costs a few microseconds of dispatch, a numpy op on a
-small array about one; an encode or decode is a few dozen ops, so below a few thousand
-elements the fixed cost, not the data, sets the time (a micro-batch of 8 x 256 floats
-crosses a cut hundreds of times a second). A CPU tensor of at most ``HOST_MAX`` elements
-is read through a zero-copy ``.numpy()`` view (float16 and bfloat16 widened to float32,
-exactly) and its payload is written in numpy; the wire format is the one the torch path
-writes, and a codec's guarantees hold on both paths. CUDA tensors, and larger ones, take
-the torch path; ``lloydmax`` and ``sortquant``, whose host paths sort the values where
-their default torch paths build grids, keep to the host up to their own, larger limits
-(``lloydmax.SORTED_FIT_MAX``, ``sortquant.EXACT_BELOW``).
+Each torch op on a small CPU tensor costs a few microseconds of dispatch; an encode or
+decode is a few dozen ops, so below a few thousand elements the fixed cost, not the data,
+sets the time (a micro-batch of 8 x 256 floats crosses a cut hundreds of times a second). On
+the host path a tensor is read through a zero-copy ``.numpy()`` view (float16 and bfloat16
+widened to float32, exactly) and its payload written by numpy and the compiled loops of
+``kernels.py``; the wire format is the one the torch path writes, and a codec's guarantees
+hold on both paths. Every codec with a host path takes it up to ``HOST_MAX`` elements;
+``quantize``'s encode and the decodes of ``quantize``, ``sortquant`` and ``lloydmax`` up to
+``COMPILED_MAX`` (one compiled pass each, on one core); ``lloydmax`` and ``sortquant``, whose
+host paths sort the values where their default torch paths build grids, encode on the host
+up to their own limits (``lloydmax.SORTED_FIT_MAX``, ``sortquant.EXACT_BELOW``). CUDA
+tensors, and larger ones, take the torch path.
 
 Shape legend: N elements.
 """

@@ -34,9 +34,10 @@ cells, ``SAMPLE`` elements, ``L`` levels):
    between its neighbours): after step 4 that only happens when there are fewer
    distinct cells than levels, and then every cell already has a level of its own.
 
-Tensors of at most ``SORTED_FIT_MAX`` elements take the host path: in numpy, no grid;
-each distinct value of the sorted fit sample is a cell of its own (steps 2-5 on the sorted
-values, ``fit_levels_host``) and each element is coded as its nearest level. The fit sample
+Tensors of at most ``SORTED_FIT_MAX`` elements take the host path: no grid, compiled
+(``kernels.py``); each distinct value of the sorted fit sample is a cell of its own (steps
+2-5 on the sorted values, ``fit_levels_host``) and each element is coded as its nearest
+level. The fit sample
 (``fit_sample``) is the whole tensor up to the torch path's sample size (``256 L``, at least
 8192); above it, the torch path's strided sample for the bulk, each sampled value weighted
 by the elements it stands for, and every value beyond the sample's ``TAIL_RANKS``-th from
@@ -119,7 +120,7 @@ MAX_ITERATIONS = 100
 #: 1 bit 6x; 4 bits 1.1x, 8 bits 1.0x).
 PIN_ENDS_FROM = 16
 #: CPU tensors up to this many elements (128 KiB of float32) take the host path: fitted on
-#: sorted values in numpy, which costs less than the grid's fixed cost up to here
+#: sorted values on the host, which costs less than the grid's fixed cost up to here
 #: (the grid is 4 cells per element; its histogram, code table and scans run over all of it).
 SORTED_FIT_MAX = 1 << 15
 _PREFIX = 4

@@ -11,9 +11,9 @@ exact value is within a step of its bucket instead of half a step.
 
 Two ways to find the buckets (``boundaries``):
 
-- ``"exact"`` (and every CPU tensor of at most ``EXACT_BELOW`` elements, in numpy: a
-  stable argsort up to ``ARGSORT_BELOW`` elements, above it a sort of the values and each
-  element's rank bucket by comparison with the bucket starts): a stable sort; bucket k
+- ``"exact"`` (and every CPU tensor of at most ``EXACT_BELOW`` elements, on the host: a
+  sort of the values, then each element's rank bucket by comparison with the bucket
+  starts, compiled): a stable sort; bucket k
   holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``, so counts differ by at most one
   even with ties, and bucket k spans ``[min_k, max_k]`` with ``2**Q`` levels:
   ``|x - y| <= step_k / 2``. On the torch path 60-130x the time of uniform quantization
@@ -44,15 +44,14 @@ import torch
 from .base import Compressor, check_int
 from .bitpack import pack, pack_host
 from .exact import exact_candidates, host_values
-from .host import host_payload, new_host_payload
+from .host import new_host_payload
 from .kernels import CHAIN_BUCKETS, sortquant_codes, sortquant_tables
 from .levels import decode_levels, f32, host_work, levels_head, new_payload, work_dtype, write_codes
 from .sampling import strided_sample
 from .packet import Packet
 from .registry import register_compressor
 
-__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW", "EXACT_BELOW_OTHERWISE",
-           "ARGSORT_BELOW"]
+__all__ = ["SortQuant", "default_split", "GRID", "SAMPLE", "EXACT_BELOW", "EXACT_BELOW_OTHERWISE"]
 
 #: Cells of the uniform grid that estimated boundaries are snapped to.
 GRID = 1 << 16
@@ -68,10 +67,6 @@ EXACT_BELOW = 1 << 15
 #: The same for tensors on an accelerator (copied to the host and back) and for more than
 #: 8 buckets (found by a binary search per element, slower than the estimated path above).
 EXACT_BELOW_OTHERWISE = 1 << 12
-#: Small tensors up to which the host path takes the stable sort's permutation: numpy's
-#: stable argsort costs ~4x its sort at 512 float32 values and ~25x at 4096 (encodes cross
-#: over between 512 and 1024 elements).
-ARGSORT_BELOW = 1 << 9
 BOUNDARIES = ("estimated", "exact")
 
 
@@ -154,46 +149,31 @@ class SortQuant(Compressor):
         return payload
 
     def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
-        """``_encode_exact`` on the host (numpy): up to tens of thousands of values, a handful
-        of numpy calls cost less than the tensor path's ops. Up to ``ARGSORT_BELOW``
-        elements, the stable sort's permutation (as the torch path); above, no argsort
-        (many times the cost of a sort there): each element finds its bucket by comparison
-        with the values at the bucket starts and its code in one compiled pass
-        (``_rank_codes``), written straight into the payload at 8 bits, and the few exact
-        values find their codes in Python floats (``_exact_codes``). Same codes, bit for bit."""
+        """``_encode_exact`` on the host: a sort of the values (numpy), then two compiled calls
+        (``kernels.py``): the bucket tables and the exact values' codes
+        (``sortquant_tables``), and every element's code (``sortquant_codes``: its bucket by
+        comparison with the values at the bucket starts, no argsort; the ties across a start
+        take the buckets of their ranks), written straight into the payload at 8 bits. Same
+        codes as the torch path, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
-        order = np.argsort(x, kind="stable") if count <= ARGSORT_BELOW else None  # [N]
-        values = np.sort(x) if order is None else x[order]                       # [N]
+        values = np.sort(x)                                                      # [N]
         first, last = float(values[0]), float(values[-1])
         self.raise_if_nonfinite(flat, probe=last - first)  # NaN sorts last
-        starts = _starts(count, buckets)
         exact = exact_candidates(first, last, x, ordered=values)
-        if order is None:  # two compiled calls: the tables and exact pairs, then every code
-            starts64 = _starts_array(count, buckets)
-            lo, step = np.empty(buckets), np.empty(buckets)                      # [K]
-            lo32, step32 = np.empty(buckets, np.float32), np.empty(buckets, np.float32)
-            pair_codes, pair_values = np.empty(exact.size * (buckets + 1), np.int64), np.empty(exact.size * (buckets + 1))
-            pairs = sortquant_tables(values, starts64, q_bits, exact, lo, step, lo32, step32, pair_codes, pair_values)
-            head = levels_head(self.bits, self.split, lo, step,
-                               list(zip(pair_codes[:pairs].tolist(), pair_values[:pairs].tolist())), flat.dtype)
-            payload, segment = new_host_payload(head, count, self.bits)
-            codes = segment if self.bits == 8 else np.empty(count, dtype=np.int32)  # [N]
-            sortquant_codes(x, values, starts64, lo32, step32, q_bits, codes)
-            if codes is not segment:
-                pack_host(codes, self.bits, segment)
-            return torch.from_numpy(payload).to(flat.device)
-        lo, step = _bucket_tables(values[_end_ranks(count, buckets)], starts, q_bits)
-        lo32 = lo.astype(np.float32)
-        step32 = np.where(step > 0, step, 1.0).astype(np.float32)
-        sorted_codes = _host_bucket_codes(values, _bucket_of_rank_host(count, buckets), lo32, step32,
-                                          q_bits, _rank_offsets(count, buckets, q_bits))  # [N] int32
-        codes = np.empty_like(sorted_codes)
-        codes[order] = sorted_codes
-        pairs = _exact_in_runs(exact.tolist(), _runs(values, exact), starts,
-                               lambda at: [sorted_codes.item(rank) for rank in at])
-        head = levels_head(self.bits, self.split, lo, step, pairs, flat.dtype)
-        return host_payload(head, codes, self.bits).to(flat.device)
+        starts = _starts_array(count, buckets)                                   # [K+1]
+        lo, step = np.empty(buckets), np.empty(buckets)                          # [K]
+        lo32, step32 = np.empty(buckets, np.float32), np.empty(buckets, np.float32)
+        pair_codes, pair_values = np.empty(exact.size * (buckets + 1), np.int64), np.empty(exact.size * (buckets + 1))
+        pairs = sortquant_tables(values, starts, q_bits, exact, lo, step, lo32, step32, pair_codes, pair_values)
+        head = levels_head(self.bits, self.split, lo, step,
+                           list(zip(pair_codes[:pairs].tolist(), pair_values[:pairs].tolist())), flat.dtype)
+        payload, segment = new_host_payload(head, count, self.bits)
+        codes = segment if self.bits == 8 else np.empty(count, dtype=np.int32)  # [N]
+        sortquant_codes(x, values, starts, lo32, step32, q_bits, codes)
+        if codes is not segment:
+            pack_host(codes, self.bits, segment)
+        return torch.from_numpy(payload).to(flat.device)
 
     def _encode_estimated(self, flat: torch.Tensor) -> torch.Tensor:
         """Boundaries from a sample's quantiles, snapped to a uniform grid; a per-cell affine map."""
@@ -298,59 +278,11 @@ def _ends(starts: tuple[int, ...]) -> list[int]:
 
 
 @functools.lru_cache(maxsize=16)
-def _end_ranks(count: int, buckets: int) -> np.ndarray:
-    """``_ends(_starts(count, buckets))`` as a read-only index array [2K]; cached: a stream
-    sends one shape over and over."""
-    ranks = np.asarray(_ends(_starts(count, buckets)), dtype=np.intp)
-    ranks.flags.writeable = False
-    return ranks
-
-
-def _host_bucket_codes(v: np.ndarray, bucket: np.ndarray, lo32: np.ndarray, step32: np.ndarray,
-                       q_bits: int, offsets: np.ndarray | None = None) -> np.ndarray:
-    """Codes of values ``v`` [n] in buckets ``bucket`` [n] int32: ``clamp(rint((v - lo) / step))
-    + bucket * 2**Q`` in float32, as the torch path computes them -> [n] int32.
-    offsets: ``bucket << Q`` [n] int32, where the caller has it."""
-    index = bucket.astype(np.intp)  # np.take converts any other index type on each call
-    q = np.subtract(v, np.take(lo32, index, mode="clip"), dtype=np.float32)  # in range: no bounds checks
-    q /= np.take(step32, index, mode="clip")
-    np.rint(q, out=q)
-    np.maximum(q, 0, out=q)  # NaN stays NaN, as with clip
-    np.minimum(q, (1 << q_bits) - 1, out=q)
-    codes = q.astype(np.int32)
-    codes += bucket.astype(np.int32, copy=False) << q_bits if offsets is None else offsets
-    return codes
-
-
-def _runs(values: np.ndarray, exact: np.ndarray) -> list[tuple[int, int]]:
-    """The run [a, b) of each exact value [E] in the sorted ``values`` [N]."""
-    exact_as = exact.astype(values.dtype)  # exact: they are values' own (no float64 copy of values)
-    return list(zip(np.searchsorted(values, exact_as, "left").tolist(),
-                    np.searchsorted(values, exact_as, "right").tolist()))
-
-
-@functools.lru_cache(maxsize=16)
 def _starts_array(count: int, buckets: int) -> np.ndarray:
     """``_starts`` as a read-only int64 array [K+1]; cached."""
     starts = np.asarray(_starts(count, buckets), dtype=np.int64)
     starts.flags.writeable = False
     return starts
-
-
-@functools.lru_cache(maxsize=16)
-def _bucket_of_rank_host(count: int, buckets: int) -> np.ndarray:
-    """``_bucket_of_rank`` on the host: [count] int32, read only; cached."""
-    of_rank = _bucket_of_rank(count, buckets, torch.device("cpu")).numpy().astype(np.int32)
-    of_rank.flags.writeable = False
-    return of_rank
-
-
-@functools.lru_cache(maxsize=16)
-def _rank_offsets(count: int, buckets: int, q_bits: int) -> np.ndarray:
-    """[count] int32: each rank's bucket ``<< q_bits`` (its codes' offset), read only; cached."""
-    offsets = _bucket_of_rank_host(count, buckets) << q_bits
-    offsets.flags.writeable = False
-    return offsets
 
 
 def _bucket_tables(ends: np.ndarray, starts: tuple[int, ...],

@@ -196,14 +196,14 @@ def test_estimated_property(values, bits, data, dtype):
 
 @pytest.mark.parametrize("bits, split", [(8, 2), (5, 2), (12, 3)])
 @pytest.mark.parametrize("dtype", FLOATS + [torch.float64], ids=str)
-@pytest.mark.parametrize("n", [500, 3000, 30_000], ids=["argsort", "rank-buckets", "rank-buckets-large"])
+@pytest.mark.parametrize("n", [5, 500, 3000, 30_000])
 def test_small_tensors_on_the_host_give_the_tensor_paths_bytes(monkeypatch, bits, split, dtype, n):
-    """Tensors of at most EXACT_BELOW elements are encoded with numpy (with the stable sort's
-    permutation up to ARGSORT_BELOW, by rank buckets above); the payload must be the one the
-    torch path of exact boundaries writes."""
+    """Tensors of at most EXACT_BELOW elements are encoded on the host (a sort, then rank
+    buckets by comparison, compiled); the payload must be the one the torch path of exact
+    boundaries writes."""
     from lightning_epipe.compressors import sortquant
 
-    assert (n <= sortquant.ARGSORT_BELOW) == (n == 500) and n <= sortquant.EXACT_BELOW  # each size on the host
+    assert n <= sortquant.EXACT_BELOW  # each size on the host
     x = heavy_ties(n).to(dtype) * 1.37 - 0.25
     small = SortQuant(bits=bits, split=split).encode(x).payload
     monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
