@@ -5,7 +5,7 @@ decode is a few dozen ops, so below a few thousand elements the fixed cost, not 
 sets the time (a micro-batch of 8 x 256 floats crosses a cut hundreds of times a second). On
 the host path a tensor is read through a zero-copy ``.numpy()`` view (float16 and bfloat16
 widened to float32, exactly) and its payload written by numpy and the compiled loops of
-``kernels.py``; the wire format is the one the torch path writes, and a codec's guarantees
+``kernels``; the wire format is the one the torch path writes, and a codec's guarantees
 hold on both paths. Every codec with a host path takes it up to ``HOST_MAX`` elements;
 ``quantize``'s encode and the decodes of ``quantize``, ``sortquant`` and ``lloydmax`` up to
 ``COMPILED_MAX`` (one compiled pass each, on one core); ``lloydmax`` and ``sortquant``, whose
@@ -31,7 +31,7 @@ __all__ = ["HOST_MAX", "COMPILED_MAX", "on_host", "compiled_on", "host_array", "
 #: Elements of a CPU tensor (16 KiB of float32) up to which codecs take the host path.
 HOST_MAX = 1 << 12
 #: Elements of a CPU tensor (4 MiB of float32) up to which a decode's lookup and the packing
-#: of codes run in the compiled one-pass loops (``kernels.py``) at any size; above it,
+#: of codes run in the compiled one-pass loops (``kernels``) at any size; above it,
 #: torch's kernels, which use every thread torch is given.
 COMPILED_MAX = 1 << 20
 

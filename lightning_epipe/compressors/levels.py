@@ -13,8 +13,8 @@ Payload (little-endian):
 
 Prefix and tables are built and parsed on the host (a few hundred bytes), so a call costs
 a handful of tensor ops whatever the size; a CPU tensor is coded and decoded on the host
-(``host.py``, ``kernels.py``: a few compiled calls), with the same codes. Decoding is one table lookup per element (a
-table of ``2**bits`` values), no sort.
+(``host.py``, ``kernels``: a few compiled calls), with the same codes. Decoding is one
+table lookup per element (a table of ``2**bits`` values), no sort.
 Shape legend: N elements, K = 2**split buckets, E exact entries.
 """
 

@@ -35,7 +35,7 @@ cells, ``SAMPLE`` elements, ``L`` levels):
    distinct cells than levels, and then every cell already has a level of its own.
 
 Tensors of at most ``SORTED_FIT_MAX`` elements take the host path: no grid, compiled
-(``kernels.py``); each distinct value of the sorted fit sample is a cell of its own (steps
+(``kernels``); each distinct value of the sorted fit sample is a cell of its own (steps
 2-5 on the sorted values, ``fit_levels_host``) and each element is coded as its nearest
 level. The fit sample
 (``fit_sample``) is the whole tensor up to the torch path's sample size (``256 L``, at least
@@ -404,8 +404,9 @@ def lloyd_steps(points: np.ndarray, weight: np.ndarray, levels: np.ndarray,
     None -> [L] float64.
     """
     fixed = np.zeros(levels.size, dtype=np.bool_) if fixed is None else fixed
-    return compiled_lloyd_steps(np.ascontiguousarray(points, dtype=np.float64), np.ascontiguousarray(weight, dtype=np.float64),
-                                levels.astype(np.float64), fixed, iterations)
+    return compiled_lloyd_steps(np.ascontiguousarray(points, dtype=np.float64),
+                                np.ascontiguousarray(weight, dtype=np.float64), levels.astype(np.float64), fixed,
+                                iterations)
 
 
 #: Ranks at either end of the sorted fit sample past which a tensor's values all enter the

@@ -150,7 +150,7 @@ class SortQuant(Compressor):
 
     def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
         """``_encode_exact`` on the host: a sort of the values (numpy), then two compiled calls
-        (``kernels.py``): the bucket tables and the exact values' codes
+        (``kernels``): the bucket tables and the exact values' codes
         (``sortquant_tables``), and every element's code (``sortquant_codes``: its bucket by
         comparison with the values at the bucket starts, no argsort; the ties across a start
         take the buckets of their ranks), written straight into the payload at 8 bits. Same

@@ -38,6 +38,7 @@ def inputs(n: int, dtype: torch.dtype) -> list[torch.Tensor]:
 
 def torch_path(monkeypatch) -> None:
     monkeypatch.setattr(host, "HOST_MAX", -1)
+    monkeypatch.setattr(host, "COMPILED_MAX", -1)
     monkeypatch.setattr(bitpack, "HOST_CODES", -1)
     monkeypatch.setattr(lloydmax, "SORTED_FIT_MAX", -1)
     monkeypatch.setattr(sortquant, "EXACT_BELOW", -1)
@@ -218,6 +219,9 @@ def test_cuda_tensors_and_large_ones_take_the_torch_path():
     assert host.on_host(host.HOST_MAX, torch.device("cpu"))
     assert not host.on_host(host.HOST_MAX + 1, torch.device("cpu"))
     assert not host.on_host(1, torch.device("cuda", 0))
+    assert host.compiled_on(host.COMPILED_MAX, torch.device("cpu"))
+    assert not host.compiled_on(host.COMPILED_MAX + 1, torch.device("cpu"))
+    assert not host.compiled_on(1, torch.device("cuda", 0))
     assert host.host_array(torch.zeros(host.HOST_MAX + 1)) is None
     assert host.host_array(torch.zeros(3, dtype=torch.bfloat16)).dtype == np.float32
 

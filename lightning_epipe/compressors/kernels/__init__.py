@@ -1,0 +1,37 @@
+"""Compiled host loops (numba): one pass over the elements where numpy takes one per operation.
+
+A codec's host path in numpy is a few dozen array operations. In a pipeline each call
+runs between a stage's matmuls, which have evicted the caches the interpreter and numpy's
+dispatch used a call before, so each operation costs several times what it costs back to
+back, and the number of operations, more than the work per element, sets a codec's cost
+(``benchmarks/README.md``, section 5's cold calls). These functions do a codec's
+per-element work and its small-table bookkeeping in a few compiled calls, in the codecs'
+own arithmetic (the float32 operations of the torch paths, in the same order), so a payload
+is the same bit for bit whichever path wrote it; the tests hold each one to its numpy
+definition:
+
+- ``packing``: codes in and out of ``bitpack``'s layout, decoding lookups, and the decodes
+  that check a payload and look every code up in one call (``levels_decode`` for
+  ``quantize`` and ``sortquant``, ``codebook_decode`` for ``lloydmax``);
+- ``scans``: ``quantize``'s ``min_max`` and ``quantize_codes``; ``frequent_values`` for
+  ``exact.repeated_values``;
+- ``buckets``: ``sortquant``'s tables, exact pairs and codes;
+- ``lloyd``: ``lloydmax``'s fit and each element's nearest level.
+
+They are compiled on first use and cached on disk (``cache=True``: a process after the
+first loads them from there), release the GIL, and run on one core: callers keep torch's
+multi-threaded kernels for tensors above ``host.COMPILED_MAX`` elements. Compiled
+functions call one another only within a module (``jit``).
+"""
+
+from __future__ import annotations
+
+from .buckets import CHAIN_BUCKETS, bucket_code, bucket_codes, retag_run, sortquant_codes, sortquant_tables
+from .jit import jit
+from .lloyd import count_below, fit_levels_sorted, lloyd_steps
+from .packing import LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, unpack_codes
+from .scans import frequent_values, min_max, quantize_codes
+
+__all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
+           "fit_levels_sorted", "frequent_values", "levels_decode", "lloyd_steps", "lookup_codes", "min_max",
+           "pack_codes", "quantize_codes", "retag_run", "sortquant_codes", "sortquant_tables", "unpack_codes"]

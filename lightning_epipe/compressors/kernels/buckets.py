@@ -1,0 +1,200 @@
+"""``sortquant``'s host path, compiled: bucket tables, exact pairs and every element's code.
+
+The buckets are those of a stable sort's ranks; an element finds its bucket by comparison
+with the values at the bucket starts (a chain of selects up to ``CHAIN_BUCKETS`` buckets,
+which the compiler vectorizes), and the elements of a value whose run crosses a bucket
+start take the buckets of their ranks (``retag_run``). The arithmetic is the torch path's,
+in float32 and in its order, so the payload is the same bit for bit.
+
+Shape legend: N elements, K buckets, E exact values, S buckets a run spans.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .jit import jit
+
+__all__ = ["CHAIN_BUCKETS", "bucket_codes", "bucket_code", "retag_run", "sortquant_tables", "sortquant_codes"]
+
+#: Buckets a compare chain sorts an element into (``bucket_codes``: tables padded to it).
+CHAIN_BUCKETS = 8
+
+
+@jit
+def bucket_codes(x, thresholds, lo, step, offset, top, out):  # pragma: no cover - compiled
+    """``sortquant``'s codes of unsorted values: bucket b is the number of ``thresholds``
+    at or below an element, its code ``min(max(rint((v - lo[b]) / step[b]), 0), top) +
+    offset[b]`` in float32 (v rounded to float32 first, as numpy's float32 ufuncs do).
+
+    x: [N] float32/float64; thresholds: [CHAIN_BUCKETS - 1] of x's dtype, sorted, padded
+    with +inf; lo, step: [CHAIN_BUCKETS] float32; offset: [CHAIN_BUCKETS] int32 (padding
+    repeats the last real bucket); top: float32 -> out [N] (uint8 for 8 bits, else int32).
+    NaN compares false: bucket 0, and an unspecified code. A chain of selects on scalars,
+    not a gather by bucket: the compiler vectorizes it.
+    """
+    t0, t1, t2, t3, t4, t5, t6 = thresholds[:7]
+    l0, l1, l2, l3, l4, l5, l6, l7 = lo[:8]
+    s0, s1, s2, s3, s4, s5, s6, s7 = step[:8]
+    o0, o1, o2, o3, o4, o5, o6, o7 = offset[:8]
+    zero = np.float32(0.0)
+    for i in range(x.size):
+        v = x[i]
+        l, s, o = l0, s0, o0
+        if v >= t0:
+            l, s, o = l1, s1, o1
+        if v >= t1:
+            l, s, o = l2, s2, o2
+        if v >= t2:
+            l, s, o = l3, s3, o3
+        if v >= t3:
+            l, s, o = l4, s4, o4
+        if v >= t4:
+            l, s, o = l5, s5, o5
+        if v >= t5:
+            l, s, o = l6, s6, o6
+        if v >= t6:
+            l, s, o = l7, s7, o7
+        q = min(max(np.rint((np.float32(v) - l) / s), zero), top)
+        out[i] = np.int32(q) + o
+
+
+#: Elements ``retag_run`` takes at a time where a block cannot pass the next end.
+_RUN_BLOCK = 128
+
+
+@jit
+def retag_run(x, value, ends, codes, out):  # pragma: no cover - compiled
+    """The elements equal to ``value``, in x's order, take new codes by count: the first
+    ``ends[0]`` of them ``codes[0]``, up to the ``ends[1]``-th ``codes[1]``, and so on;
+    the ones after ``ends[-1]`` keep theirs.
+
+    x: [N]; ends: [S] int64 increasing, > 0; codes: [S] int32 -> out [N], written in place.
+    Branch-free in blocks of ``_RUN_BLOCK`` (a select and a count per element, vectorized)
+    while a block holds fewer elements than are left to the next end, one by one near it:
+    a value that is every other element (ReLU's zeros) costs no mispredicted branches.
+    """
+    i, n, seen = 0, x.size, 0
+    for segment in range(ends.size):
+        end, code = ends[segment], codes[segment]
+        while i < n and seen < end:
+            if end - seen >= _RUN_BLOCK and i + _RUN_BLOCK <= n:
+                hits = 0
+                for k in range(i, i + _RUN_BLOCK):
+                    hit = x[k] == value
+                    out[k] = code if hit else out[k]
+                    hits += hit
+                seen += hits
+                i += _RUN_BLOCK
+            else:
+                hit = x[i] == value
+                out[i] = code if hit else out[i]
+                seen += hit
+                i += 1
+
+
+@jit
+def sortquant_tables(values, starts, q_bits, exact, lo, step, lo32, step32, pair_codes,
+                     pair_values):  # pragma: no cover - compiled
+    """``sortquant``'s host path: its bucket tables and exact pairs in one call.
+
+    values: [N] sorted; starts: [K+1] int64 (``_starts``); exact: [E] float64, values of
+    ``values`` -> lo, step [K] float64 (an empty bucket, where N < K: 0 and 0), lo32, step32
+    [K] float32 (a step of 0 as 1), and (code, value) pairs in pair_codes, pair_values
+    [E (K + 1)]: each exact value's run [a, b) of values takes the codes at a and at each
+    bucket start inside it (``sortquant._exact_in_runs``), computed as every element's code.
+    -> pairs.
+    """
+    count, buckets = values.size, starts.size - 1
+    top = (1 << q_bits) - 1
+    for k in range(buckets):
+        first, last = min(starts[k], count - 1), max(starts[k + 1] - 1, 0)
+        if count < buckets and starts[k + 1] == starts[k]:
+            lo[k], step[k] = 0.0, 0.0
+        else:
+            lo[k] = np.float64(values[first])
+            step[k] = (np.float64(values[last]) - lo[k]) / top
+        lo32[k] = np.float32(lo[k])
+        step32[k] = np.float32(step[k]) if step[k] > 0 else np.float32(1.0)
+    pairs = 0
+    for e in range(exact.size):
+        a = np.searchsorted(values, exact[e], side="left")  # exact: one of values, widened
+        b = np.searchsorted(values, exact[e], side="right")
+        for j in range(-1, buckets + 1):  # rank a, then each bucket start inside (a, b)
+            rank = a if j < 0 else starts[j]
+            if j >= 0 and not a < rank < b:
+                continue
+            k = np.searchsorted(starts, rank, side="right") - 1
+            pair_codes[pairs] = bucket_code(values[rank], lo32[k], step32[k], top) + (k << q_bits)
+            pair_values[pairs] = exact[e]
+            pairs += 1
+    return pairs
+
+
+@jit
+def bucket_code(v, lo, step, top):  # pragma: no cover - compiled
+    """One element's code in its bucket: ``clamp(rint((f32(v) - lo) / step), 0, top)``."""
+    q = np.rint((np.float32(v) - lo) / step)
+    return np.int64(min(max(q, np.float32(0.0)), np.float32(top)))
+
+
+@jit
+def sortquant_codes(x, values, starts, lo32, step32, q_bits, out):  # pragma: no cover - compiled
+    """``sortquant``'s host path: the codes of x's elements in the buckets of their ranks in a
+    stable sort, without the sort's permutation: x [N]; values [N] x sorted; starts [K+1]
+    int64; lo32, step32 [K] -> out [N] (uint8 for 8-bit codes, else int32), written in place.
+
+    An element reaches bucket k if it is at or above the value t at rank ``starts[k]``
+    (#{t <= x} over the thresholds inside (0, N): a chain of selects up to
+    ``CHAIN_BUCKETS`` buckets, ``bucket_codes``, else a binary search); the elements equal
+    to a t whose run crosses a start take the buckets of their ranks, the j-th of them (in
+    x's order) rank ``first rank of t + j``, as the stable sort places them
+    (``retag_run``). NaN (``check_finite=False``) sorts last and compares false: bucket 0.
+    """
+    count, buckets = x.size, starts.size - 1
+    top = (1 << q_bits) - 1
+    last = values[0]
+    inner = np.empty(buckets, dtype=np.int64)  # the bucket starts inside (0, N): thresholds' ranks
+    held = 0
+    for k in range(1, buckets):
+        if starts[k] < count:
+            inner[held] = starts[k]
+            held += 1
+    thresholds = np.empty(max(held, CHAIN_BUCKETS - 1), dtype=values.dtype)
+    thresholds[:] = np.inf
+    for j in range(held):
+        thresholds[j] = values[inner[j]]
+    if held < CHAIN_BUCKETS:
+        lo = np.empty(CHAIN_BUCKETS, dtype=np.float32)
+        step = np.empty(CHAIN_BUCKETS, dtype=np.float32)
+        offset = np.empty(CHAIN_BUCKETS, dtype=np.int32)
+        for k in range(CHAIN_BUCKETS):
+            real = min(k, held)  # buckets 0..held hold elements; the rest repeat the last
+            lo[k], step[k], offset[k] = lo32[real], step32[real], real << q_bits
+        bucket_codes(x, thresholds, lo, step, offset, np.float32(top), out)
+    else:
+        for i in range(count):
+            v = x[i]
+            k = np.searchsorted(thresholds[:held], v, side="right") if v == v else 0
+            out[i] = bucket_code(v, lo32[k], step32[k], top) + (k << q_bits)
+    retagged = False
+    for j in range(held):  # runs of a threshold that cross its bucket's start, each once
+        t = thresholds[j]
+        if values[inner[j] - 1] != t or (retagged and t == last):
+            continue
+        retagged, last = True, t
+        first = np.searchsorted(values, t, side="left")
+        stop = np.searchsorted(values, t, side="right")
+        # the compares gave the run the bucket of its last rank: only ranks before that
+        # bucket's start move down, bucket by bucket
+        lower = first + max(starts[((stop - 1) * buckets) // count] - first, 0)
+        ends = np.empty(buckets, dtype=np.int64)
+        codes = np.empty(buckets, dtype=np.int32)
+        moved = 0
+        for k in range(buckets):
+            if max(starts[k], first) < min(starts[k + 1], lower):
+                ends[moved] = min(starts[k + 1], lower) - first
+                codes[moved] = bucket_code(t, lo32[k], step32[k], top) + (k << q_bits)
+                moved += 1
+        if moved:
+            retag_run(x, t, ends[:moved], codes[:moved], out)

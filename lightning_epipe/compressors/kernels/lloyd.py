@@ -1,0 +1,225 @@
+"""``lloydmax``'s host path, compiled: the fit of its levels and each element's nearest one.
+
+``fit_levels_sorted`` (spikes, the density-weighted start, ``lloyd_steps``) takes the sorted
+fit sample in one call; ``count_below`` counts the cuts under each element (a chain of
+compares up to 15 cuts, else a guess table walked to the exact count).
+
+Shape legend: N elements, C cuts, L levels, E cells (distinct values).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .jit import jit
+
+__all__ = ["count_below", "lloyd_steps", "fit_levels_sorted"]
+
+#: Cuts a compare chain counts (``count_below``: padded to it); more take a guess table.
+_CHAIN_CUTS = 15
+#: Cells per cut of the guess table of ``count_below`` above ``_CHAIN_CUTS`` cuts.
+_CELLS_PER_CUT = 16
+
+
+@jit
+def _count_chain(x, cuts, nan_count, out):  # pragma: no cover - compiled
+    """cuts: [_CHAIN_CUTS] of x's dtype, sorted, padded with +inf; NaN -> ``nan_count``."""
+    for i in range(x.size):
+        v = x[i]
+        c = np.uint8(0)
+        for j in range(_CHAIN_CUTS):
+            c += np.uint8(v > cuts[j])
+        out[i] = c if v == v else nan_count
+
+
+@jit
+def _count_guessed(x, cuts, lo, scale, table, out):  # pragma: no cover - compiled
+    """Each element's count read from ``table`` [G + 1] over a uniform grid of the cuts'
+    span (``scale`` cells a unit from ``lo``), then walked to the exact count by
+    compares with the cuts around it."""
+    n_cuts = cuts.size
+    cells = float(table.size - 1)
+    for i in range(x.size):
+        v = np.float64(x[i])
+        if v != v:
+            out[i] = n_cuts
+            continue
+        c = table[int(min(max((v - lo) * scale, 0.0), cells))]
+        while c < n_cuts and v > cuts[c]:
+            c += 1
+        while c > 0 and v <= cuts[c - 1]:
+            c -= 1
+        out[i] = c
+
+
+def count_below(x: np.ndarray, cuts: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(cuts, x)``: the number of cuts below each value (a value on a cut is
+    not past it; NaN past every one). x: [N] float32/float64; cuts: [C] float64 sorted
+    -> out [N] integers (uint8 up to 255 cuts), written and returned."""
+    if cuts.size <= _CHAIN_CUTS:
+        padded = np.full(_CHAIN_CUTS, np.inf, dtype=x.dtype)
+        if x.dtype == np.float32:  # v > c is v > (the largest float32 <= c)
+            below = cuts.astype(np.float32)
+            padded[:cuts.size] = np.where(below > cuts, np.nextafter(below, np.float32(-np.inf)), below)
+        else:
+            padded[:cuts.size] = cuts
+        _count_chain(x, padded, np.uint8(cuts.size), out)
+        return out
+    lo, hi = float(cuts[0]), float(cuts[-1])
+    cells = _CELLS_PER_CUT * cuts.size
+    scale = cells / (hi - lo) if hi > lo else 0.0
+    if not 0.0 < scale < np.inf:  # one distinct cut, or a span past float64's range
+        out[:] = np.searchsorted(cuts, x)
+        return out
+    table = np.searchsorted(cuts, lo + np.arange(cells + 1) / scale)                # [G+1]
+    _count_guessed(x, cuts, lo, scale, table, out)
+    return out
+
+
+@jit
+def lloyd_steps(points, weight, levels, fixed, iterations):  # pragma: no cover - compiled
+    """``iterations`` weighted Lloyd steps, all in one call: each level not ``fixed`` moves
+    to the mean of the points nearest to it (boundaries at the midpoints ``(a + b) * 0.5``
+    of the sorted levels; prefix sums of the weights and of weight * point, summed in
+    order); a level without points keeps its value; stops early when no level moves.
+
+    points: [E] float64 sorted; weight: [E] float64 > 0; levels: [L] float64 sorted;
+    fixed: [L] bool -> [L] float64 (a new array).
+    """
+    count = points.size
+    weight_below = np.zeros(count + 1)
+    total_below = np.zeros(count + 1)
+    for i in range(count):
+        weight_below[i + 1] = weight_below[i] + weight[i]
+        total_below[i + 1] = total_below[i] + points[i] * weight[i]
+    levels = levels.copy()
+    moved = levels.copy()
+    n_levels = levels.size
+    edges = np.empty(n_levels + 1, dtype=np.int64)
+    edges[0], edges[n_levels] = 0, count
+    for _ in range(iterations):
+        for j in range(n_levels - 1):
+            edges[j + 1] = np.searchsorted(points, (levels[j + 1] + levels[j]) * 0.5)
+        same = True
+        for j in range(n_levels):
+            n = weight_below[edges[j + 1]] - weight_below[edges[j]]
+            s = total_below[edges[j + 1]] - total_below[edges[j]]
+            moved[j] = s / n if n > 0 and not fixed[j] else levels[j]
+            same &= moved[j] == levels[j]
+        if same:
+            break
+        levels, moved = moved, levels
+    return levels
+
+
+@jit
+def fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from,
+                      neighbours):  # pragma: no cover - compiled
+    """``lloydmax``'s host fit in one call (``lloydmax.fit_levels_host``): values [N] sorted,
+    finite, not all equal; weights [N] float64 (the elements each value stands for)
+    -> (levels [L] float64 sorted, pinned [L] bool).
+
+    Each distinct value is a cell of its own, its weight the sum of its values' weights.
+    Spikes: every cell holding ``1/(2L)`` of the total weight (the heaviest ``L/2`` at
+    most; from ``pin_ends_from`` levels also the first and last cell, leaving two levels
+    free) are pinned. The free levels start at equal-weight quantiles of the other cells,
+    each weighted by ``density**(-2/3)`` (``neighbours`` cells on either side over their
+    span, at least ``cell``); a cell hit by several quantiles is taken once and the
+    quantiles recomputed with more targets (8 rounds at most). Then ``lloyd_steps``.
+    """
+    count = values.size
+    first = np.empty(count, dtype=np.int64)                                      # [D] first index of each value
+    cells = 0
+    for i in range(count):
+        if i == 0 or values[i] != values[i - 1]:
+            first[cells] = i
+            cells += 1
+    distinct = np.empty(cells)
+    freq = np.zeros(cells)
+    for j in range(cells):
+        stop = first[j + 1] if j + 1 < cells else count
+        distinct[j] = values[first[j]]
+        for i in range(first[j], stop):
+            freq[j] += weights[i]
+    total = 0.0
+    for i in range(count):
+        total += weights[i]
+    heavy = np.nonzero(freq * (2 * levels_n) >= total)[0]
+    pin_ends = levels_n >= pin_ends_from
+    limit = min(levels_n // 2, levels_n - 2) if pin_ends else levels_n // 2
+    if heavy.size > limit:
+        heavy = np.sort(heavy[np.argsort(-freq[heavy], kind="mergesort")[:limit]])
+    free = np.ones(cells, dtype=np.bool_)
+    free[heavy] = False
+    if pin_ends:
+        free[0] = False
+        free[cells - 1] = False
+    spikes = distinct[~free]                                                     # [P] sorted
+    mean = distinct[free]                                                        # [E]
+    weight = freq[free]                                                          # [E]
+    free_n = levels_n - spikes.size
+    chosen = _spread(_scores(weight, _density(mean, weight, cell, neighbours)), free_n)
+    start = mean[chosen] if chosen.size else spikes[:1]
+    start = start[:free_n]
+    if start.size < free_n:  # fewer values than free levels: repeat the top one (unused)
+        start = np.concatenate((start, np.full(free_n - start.size, start[-1])))
+    both = np.concatenate((spikes, start))
+    order = np.argsort(both, kind="mergesort")
+    levels = both[order]                                                         # [L]
+    pinned = order < spikes.size
+    if mean.size and iterations:
+        levels = lloyd_steps(mean, weight, levels, pinned, iterations)
+    return levels, pinned
+
+
+@jit
+def _density(mean, weight, cell, neighbours):  # pragma: no cover - compiled
+    """[E] weight per unit over ``neighbours`` points on either side (a span of at least ``cell``)."""
+    n = mean.size
+    below = np.zeros(n + 1)
+    for i in range(n):
+        below[i + 1] = below[i] + weight[i]
+    density = np.empty(n)
+    for i in range(n):
+        lo, hi = max(i - neighbours, 0), min(i + neighbours, n - 1)
+        density[i] = (below[hi + 1] - below[lo]) / max(mean[hi] - mean[lo], cell)
+    return density
+
+
+@jit
+def _scores(weight, density):  # pragma: no cover - compiled
+    """``weight * density**(-2/3)`` [E]: the power in float32 (a quantile target needs no more,
+    and ``powf`` costs about half of ``pow`` an element), in float64 where a density is
+    outside float32's normal range."""
+    scores = np.empty(weight.size)
+    power = np.float32(-2.0 / 3.0)
+    for i in range(weight.size):
+        d = density[i]
+        scores[i] = weight[i] * (np.float64(np.float32(d) ** power) if 1e-30 < d < 1e30 else d ** (-2.0 / 3.0))
+    return scores
+
+
+@jit
+def _spread(weight, n):  # pragma: no cover - compiled
+    """Indices (sorted, distinct) of ``min(n, E)`` points at equal-weight quantiles of ``weight`` [E] > 0."""
+    cells = weight.size
+    if cells <= n:
+        return np.arange(cells)
+    below = np.empty(cells)
+    running = 0.0
+    for i in range(cells):
+        running += weight[i]
+        below[i] = running
+    targets_n = n
+    chosen = np.empty(0, dtype=np.int64)
+    for _ in range(8):
+        hit = np.minimum(np.searchsorted(below, (np.arange(targets_n) + 0.5) * (below[-1] / targets_n)), cells - 1)
+        keep = np.ones(hit.size, dtype=np.bool_)
+        keep[1:] = hit[1:] != hit[:-1]
+        chosen = hit[keep]
+        if chosen.size >= n:
+            break
+        targets_n = min(max(targets_n + 1, -(-targets_n * n // chosen.size)), 4 * cells)
+    if chosen.size > n:  # overshot: keep n of them, evenly spread
+        chosen = chosen[np.rint(np.linspace(0, chosen.size - 1, n)).astype(np.int64)]
+    return chosen
