@@ -138,6 +138,19 @@ def lookup_codes(table: np.ndarray, data: np.ndarray, width: int, count: int,
 
 
 @jit
+def _gather(table, data, width, count, out):  # pragma: no cover - compiled
+    """``table[codes]`` for ``count`` codes of any width packed in data: straight from the
+    bytes at ``LOOKUP_WIDTHS``, else unpacked first."""
+    if 8 % width == 0:
+        _lookup(table, data, width, count, out)
+        return
+    index = np.empty(count, dtype=np.int32)
+    _unpack(data, width, count, index)
+    for i in range(count):
+        out[i] = table[index[i]]
+
+
+@jit
 def _float32_at(raw, at, word):  # pragma: no cover - compiled
     """The little-endian float32 at byte ``at`` of raw (any alignment); word: [1] uint32 scratch."""
     word[0] = (np.uint32(raw[at]) | (np.uint32(raw[at + 1]) << 8) | (np.uint32(raw[at + 2]) << 16)
@@ -190,15 +203,7 @@ def levels_decode(raw, count, min_split, max_split, out):  # pragma: no cover - 
         if code >= (1 << bits) or not np.isfinite(value):
             return 1
         table[code] = value
-    values = table.astype(out.dtype)
-    codes = raw[head:]
-    if bits == 8 or bits == 4 or bits == 2:
-        _lookup(values, codes, bits, count, out)
-    else:
-        index = np.empty(count, dtype=np.int32)
-        _unpack(codes, bits, count, index)
-        for i in range(count):
-            out[i] = values[index[i]]
+    _gather(table.astype(out.dtype), raw[head:], bits, count, out)
     return 0
 
 
@@ -224,12 +229,5 @@ def codebook_decode(raw, count, max_bits, out):  # pragma: no cover - compiled
         if not np.isfinite(level):
             return 1
         table[j] = level
-    codes = raw[head:]
-    if 8 % bits == 0:
-        _lookup(table, codes, bits, count, out)
-    else:
-        index = np.empty(count, dtype=np.int32)
-        _unpack(codes, bits, count, index)
-        for i in range(count):
-            out[i] = table[index[i]]
+    _gather(table, raw[head:], bits, count, out)
     return 0
