@@ -73,6 +73,7 @@ def assemble(module: LightningModule, config: PipelineConfig, plan: PipelinePlan
         codecs = before.codecs
     else:  # delta caches sized for this stage's own device unless the user gave a size
         codecs = config.codec_book(plan.num_cuts, default_cache_limit(device, local_processes))
+        codecs.warm_up()  # compiled codec loops compiled or loaded now, not in the first steps
     bottlenecks = install_bottlenecks(module, layers, plan, codecs.bottlenecks(), global_rank, device,
                                       saved_bottlenecks)  # built on global rank 0, broadcast to every replica
     backup = release_foreign_layers(module, layers, plan, pipeline_rank, bottlenecks) or {}

@@ -12,11 +12,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
+import torch
 from torch import Tensor
 
-from lightning_epipe.compressors import Compressor, ErrorFeedback, get_compressor
+from lightning_epipe.compressors import Compressor, ErrorFeedback, available_compressors, get_compressor
 from lightning_epipe.compressors.bottleneck import BOTTLENECK_KEYS, Bottleneck
 from lightning_epipe.compressors.delta import DeltaCompressor, SampleCache
+from lightning_epipe.compressors.profile import DEFAULT_CANDIDATES
 
 __all__ = ["CodecSpec", "CodecBook", "DeltaConfig", "resolve_specs", "AUTO_KEYS"]
 
@@ -120,6 +122,24 @@ class CodecBook:
         self.raw = get_compressor("none", check_finite=False)
         self.delta = delta
         self.caches: dict[tuple[int, int], SampleCache] = {}
+
+    def warm_up(self) -> None:
+        """Encode and decode a small float32 tensor once with every codec this book makes
+        (a stage's, the delta's first-crossing codec, and auto's candidates where a link is
+        auto): their compiled loops (``compressors.kernels``) are compiled on a machine's
+        first run, or loaded from numba's disk cache, here at setup and not in the first
+        training steps (where they would stall the step and, under auto, its measurements)."""
+        specs = [spec for per_cut in self.specs.values() for spec in per_cut]
+        makers = {spec.describe(): spec.make for spec in specs if spec.prototype is None}  # a user's instance: as it is
+        if self.delta is not None:
+            makers[f"delta first {self.delta.first}"] = lambda: get_compressor(self.delta.first)
+        if any(spec.auto for spec in specs):
+            makers.update({f"auto {name} {sorted(kwargs.items())}": (lambda n=name, k=kwargs: get_compressor(n, **k))
+                           for name, kwargs in DEFAULT_CANDIDATES if name in available_compressors()})
+        sample = torch.linspace(-1.0, 1.0, 4096).relu_().reshape(64, 64)  # [64, 64], half of it zeros
+        for make in makers.values():
+            codec = make()
+            codec.decode(codec.encode(sample))
 
     def get(self, direction: str, cut: int, slot: int, index: int, tensor: Optional[Tensor] = None) -> Compressor:
         """The compressor of a stream; integer/bool tensors always travel raw."""
