@@ -18,15 +18,20 @@ Shape legend: N elements.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from .bitpack import pack_host, packed_nbytes, unpack_host
-from .exact import host_values
 from .kernels import LOOKUP_WIDTHS, lookup_codes
 
-__all__ = ["HOST_MAX", "COMPILED_MAX", "on_host", "compiled_on", "host_array", "host_payload",
-           "new_host_payload", "lookup_host", "cumsum_host"]
+if TYPE_CHECKING:
+    from .packet import Packet
+
+__all__ = ["HOST_MAX", "COMPILED_MAX", "on_host", "compiled_on", "host_payload",
+           "new_host_payload", "lookup_host", "compiled_decode", "cumsum_host"]
 
 #: Elements of a CPU tensor (16 KiB of float32) up to which codecs take the host path.
 HOST_MAX = 1 << 12
@@ -47,12 +52,18 @@ def compiled_on(numel: int, device: torch.device) -> bool:
     return device.type == "cpu" and numel <= COMPILED_MAX
 
 
-def host_array(x: torch.Tensor) -> np.ndarray | None:
-    """x: [N] float -> [N] float32 or float64 numpy (a view where the dtype allows) if x
-    takes the host path, else None."""
-    if not on_host(x.numel(), x.device):
+def compiled_decode(packet: Packet, decode: Callable[..., int], *args: object) -> torch.Tensor | None:
+    """A whole-payload compiled decode (``kernels.levels_decode``, ``kernels.codebook_decode``:
+    ``decode(raw, count, *args, out) -> 0``, or 1 where the payload is wrong) of a CPU float32
+    or float64 packet of up to ``COMPILED_MAX`` elements: the tensor, or None where it does
+    not apply or the payload is wrong (the caller's own checks then word what is wrong)."""
+    numel = packet.shape.numel()
+    if not (compiled_on(numel, packet.payload.device) and packet.dtype in (torch.float32, torch.float64)):
         return None
-    return host_values(x)
+    out = np.empty(numel, dtype=np.float32 if packet.dtype == torch.float32 else np.float64)
+    if decode(packet.payload.numpy(), numel, *args, out) != 0:
+        return None
+    return torch.from_numpy(out).reshape(packet.shape)
 
 
 def host_payload(head: bytes, codes: np.ndarray, bits: int) -> torch.Tensor:

@@ -33,7 +33,7 @@ from .base import Compressor
 from .bitpack import gather_codes, pack_into, packed_nbytes
 from .cache_blocks import cache_blocks
 from .exact import MAX_ENTRIES, exact_bytes, exact_nbytes, parse_exact
-from .host import compiled_on, lookup_host
+from .host import compiled_decode, compiled_on, lookup_host
 from .kernels import levels_decode
 from .packet import Packet, host_bytes
 from .sampling import strided_sample
@@ -251,16 +251,14 @@ def decode_levels(codec: Compressor, packet: Packet, splits: tuple[int, int]) ->
     which only says whether the payload is right; where it is not (or another tensor), the
     parse here words what is wrong and the codec's own check words a split outside
     ``splits``."""
-    payload, numel = packet.payload, packet.shape.numel()
-    if compiled_on(numel, payload.device) and packet.dtype in (torch.float32, torch.float64):
-        out = np.empty(numel, dtype=np.float32 if packet.dtype == torch.float32 else np.float64)
-        if levels_decode(payload.numpy(), numel, splits[0], splits[1], out) == 0:
-            return torch.from_numpy(out).reshape(packet.shape)
+    decoded = compiled_decode(packet, levels_decode, splits[0], splits[1])
+    if decoded is not None:
+        return decoded
     levels = read_levels(codec, packet)
     codec.expect_packet(packet, splits[0] <= levels.split <= splits[1],
                         f"split is {levels.split}; {codec.name} uses {splits[0]}"
                         + ("" if splits[0] == splits[1] else f"..{splits[1]}"))
-    return lookup(levels, numel, packet.dtype, packet.shape)
+    return lookup(levels, packet.shape.numel(), packet.dtype, packet.shape)
 
 
 def lookup(levels: Levels, numel: int, dtype: torch.dtype, shape: Sequence[int] | None = None) -> torch.Tensor:

@@ -96,7 +96,7 @@ from .bitpack import gather_codes, pack_into, packed_nbytes
 from .cache_blocks import cache_blocks
 from .exact import host_values
 from .grid import GRID, Grid, grid_size
-from .host import compiled_on, host_payload, lookup_host
+from .host import compiled_decode, compiled_on, host_payload, lookup_host
 from .kernels import codebook_decode, count_below, fit_levels_sorted
 from .kernels import lloyd_steps as compiled_lloyd_steps
 from .levels import F32_OVERFLOW
@@ -222,11 +222,10 @@ class LloydMax(Compressor):
         """A CPU float32 or float64 tensor in one compiled call (``kernels.codebook_decode``),
         which only says whether the payload is right; where it is not (or another tensor),
         the checks below word what is wrong."""
+        decoded = compiled_decode(packet, codebook_decode, MAX_BITS)
+        if decoded is not None:
+            return decoded
         payload, numel = packet.payload, packet.shape.numel()
-        if compiled_on(numel, payload.device) and packet.dtype in (torch.float32, torch.float64):
-            out = np.empty(numel, dtype=np.float32 if packet.dtype == torch.float32 else np.float64)
-            if codebook_decode(payload.numpy(), numel, MAX_BITS, out) == 0:
-                return torch.from_numpy(out).reshape(packet.shape)
         self.expect_packet(packet, payload.numel() >= _PREFIX,
                      f"shorter than the {_PREFIX}-byte prefix")
         bits, pad0, pad1, pad2 = host_bytes(payload, _PREFIX).tolist()

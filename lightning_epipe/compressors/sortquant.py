@@ -162,12 +162,9 @@ class SortQuant(Compressor):
         self.raise_if_nonfinite(flat, probe=last - first)  # NaN sorts last
         exact = exact_candidates(first, last, x, ordered=values)
         starts = _starts_array(count, buckets)                                   # [K+1]
-        lo, step = np.empty(buckets), np.empty(buckets)                          # [K]
-        lo32, step32 = np.empty(buckets, np.float32), np.empty(buckets, np.float32)
-        pair_codes, pair_values = np.empty(exact.size * (buckets + 1), np.int64), np.empty(exact.size * (buckets + 1))
-        pairs = sortquant_tables(values, starts, q_bits, exact, lo, step, lo32, step32, pair_codes, pair_values)
-        head = levels_head(self.bits, self.split, lo, step,
-                           list(zip(pair_codes[:pairs].tolist(), pair_values[:pairs].tolist())), flat.dtype)
+        lo, step, lo32, step32, pair_codes, pair_values = sortquant_tables(values, starts, q_bits, exact)  # [K], [P]
+        head = levels_head(self.bits, self.split, lo, step, list(zip(pair_codes.tolist(), pair_values.tolist())),
+                           flat.dtype)
         payload, segment = new_host_payload(head, count, self.bits)
         codes = segment if self.bits == 8 else np.empty(count, dtype=np.int32)  # [N]
         sortquant_codes(x, values, starts, lo32, step32, q_bits, codes)

@@ -94,19 +94,21 @@ def retag_run(x, value, ends, codes, out):  # pragma: no cover - compiled
 
 
 @jit
-def sortquant_tables(values, starts, q_bits, exact, lo, step, lo32, step32, pair_codes,
-                     pair_values):  # pragma: no cover - compiled
+def sortquant_tables(values, starts, q_bits, exact):  # pragma: no cover - compiled
     """``sortquant``'s host path: its bucket tables and exact pairs in one call.
 
     values: [N] sorted; starts: [K+1] int64 (``_starts``); exact: [E] float64, values of
-    ``values`` -> lo, step [K] float64 (an empty bucket, where N < K: 0 and 0), lo32, step32
-    [K] float32 (a step of 0 as 1), and (code, value) pairs in pair_codes, pair_values
-    [E (K + 1)]: each exact value's run [a, b) of values takes the codes at a and at each
-    bucket start inside it (``sortquant._exact_in_runs``), computed as every element's code.
-    -> pairs.
+    ``values`` -> (lo, step [K] float64: an empty bucket, where N < K, has 0 and 0; lo32,
+    step32 [K] float32: a step of 0 as 1; pair codes [P] int64 and pair values [P] float64):
+    each exact value's run [a, b) of values takes the codes at a and at each bucket start
+    inside it (``sortquant._exact_in_runs``), computed as every element's code.
     """
     count, buckets = values.size, starts.size - 1
     top = (1 << q_bits) - 1
+    lo, step = np.empty(buckets), np.empty(buckets)
+    lo32, step32 = np.empty(buckets, dtype=np.float32), np.empty(buckets, dtype=np.float32)
+    pair_codes = np.empty(exact.size * (buckets + 1), dtype=np.int64)
+    pair_values = np.empty(exact.size * (buckets + 1))
     for k in range(buckets):
         first, last = min(starts[k], count - 1), max(starts[k + 1] - 1, 0)
         if count < buckets and starts[k + 1] == starts[k]:
@@ -128,7 +130,7 @@ def sortquant_tables(values, starts, q_bits, exact, lo, step, lo32, step32, pair
             pair_codes[pairs] = bucket_code(values[rank], lo32[k], step32[k], top) + (k << q_bits)
             pair_values[pairs] = exact[e]
             pairs += 1
-    return pairs
+    return lo, step, lo32, step32, pair_codes[:pairs], pair_values[:pairs]
 
 
 @jit
