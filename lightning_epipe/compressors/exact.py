@@ -15,7 +15,7 @@ step instead of half a step (it lies within half a step of the code's level, and
 ``v``).
 
 Repeated values are searched on the host in a strided sample of ``SPIKE_SAMPLE``
-elements (a sort of 512 values), so the cost is the same for every tensor size.
+elements (a sort of 512 values, compiled), so the cost is the same for every tensor size.
 Shape legend: N elements, M sampled elements, E entries.
 """
 
@@ -26,8 +26,8 @@ import math
 import numpy as np
 import torch
 
-from .kernels import frequent_values
-from .sampling import strided_sample
+from .kernels import frequent_values, sampled_frequent_values
+from .sampling import sample_positions_host, strided_sample
 
 __all__ = ["SPIKE_SAMPLE", "SPIKE_SHARE", "MAX_SPIKES", "MAX_ENTRIES", "repeated_values",
            "exact_candidates", "host_values", "exact_nbytes", "exact_bytes", "parse_exact"]
@@ -62,22 +62,30 @@ def repeated_values(flat: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
     out. flat: [N] float tensor, or its ``host_values``; ordered: ``flat``'s values sorted,
     where the caller has them (a tensor no larger than the sample is then not sorted again).
 
-    A value repeated r times in the sorted sample s has ``s[i] == s[i + r - 1]`` for some
-    i: one comparison of two shifted views finds that there are none (the common case);
-    else one compiled pass over the runs of the sample (``kernels.frequent_values``).
+    The sample's gather, sort and scan of its runs are one compiled call
+    (``kernels.sampled_frequent_values``; ``kernels.frequent_values`` where the caller's
+    sorted tensor is the sample).
     """
-    if ordered is not None and ordered.size <= sample_size:
-        sample = ordered  # the whole tensor is the sample
+    if ordered is not None and ordered.size <= sample_size:  # the whole tensor is the sample
+        sample, positions = ordered, None
+    elif isinstance(flat, np.ndarray):
+        sample = flat
+        positions = sample_positions_host(flat.size, sample_size) if flat.size > sample_size else _ALL
     else:
-        sample = strided_sample(flat, sample_size)
-        sample = np.sort(sample if isinstance(sample, np.ndarray) else host_values(sample))  # [M]
-    m = sample.size
+        sample, positions = host_values(strided_sample(flat, sample_size)), _ALL
+    m = positions.size if positions is not None and positions.size else sample.size
     run = max(2, math.ceil(share * m))
     if m < run:
         return []
-    if not (sample[:m - run + 1] == sample[run - 1:]).any():  # the common case: one compare, no call
-        return []
-    return frequent_values(sample, run, np.asarray(known, dtype=np.float64), limit).tolist()
+    known = np.asarray(known, dtype=np.float64)
+    if positions is None:
+        return frequent_values(sample, run, known, limit).tolist()
+    return sampled_frequent_values(sample, positions, run, known, limit).tolist()
+
+
+#: ``sampled_frequent_values``'s positions for "every element".
+_ALL = np.empty(0, dtype=np.int64)
+_ALL.flags.writeable = False
 
 
 def exact_candidates(lo: float, hi: float, flat: torch.Tensor | np.ndarray,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -33,12 +34,12 @@ from .base import Compressor
 from .bitpack import gather_codes, pack_into, packed_nbytes
 from .cache_blocks import cache_blocks
 from .exact import MAX_ENTRIES, exact_bytes, exact_nbytes, parse_exact
-from .host import compiled_decode, compiled_on, lookup_host
-from .kernels import levels_decode
+from .host import compiled_decode, compiled_on, lookup_host, new_host_payload
+from .kernels import levels_decode, levels_payload
 from .packet import Packet, host_bytes
 from .sampling import strided_sample
 
-__all__ = ["Levels", "levels_nbytes", "levels_head", "new_payload", "write_codes",
+__all__ = ["Levels", "levels_nbytes", "levels_head", "host_levels_payload", "new_payload", "write_codes",
            "read_levels", "lookup", "decode_levels", "cast_levels",
            "f32", "F32_OVERFLOW", "float32_code", "work_dtype", "host_work",
            "strided_sample"]
@@ -143,6 +144,26 @@ def levels_head(bits: int, split: int, lo: Sequence[float], step: Sequence[float
             values.append(float(value))
     return (bytes([bits, split, len(codes), 0]) + lo32.astype("<f4").tobytes()
             + step32.astype("<f4").tobytes() + exact_bytes(codes, values))
+
+
+_LITTLE_ENDIAN = sys.byteorder == "little"
+
+
+def host_levels_payload(bits: int, split: int, lo: np.ndarray, step: np.ndarray, pair_codes: np.ndarray,
+                        pair_values: np.ndarray, dtype: torch.dtype, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """``levels_head``'s head in a fresh host payload with room for ``count`` codes:
+    (payload, its codes segment), uint8 numpy arrays.
+
+    lo, step: [K] float64; pair_codes [P] int64 and pair_values [P] float64: the exact
+    pairs in order of priority. One compiled call for float32 and float64 tensors
+    (``kernels.levels_payload``); the 16-bit dtypes' levels are rounded by ``levels_head``.
+    """
+    if dtype in (torch.float32, torch.float64) and _LITTLE_ENDIAN:
+        payload, head = levels_payload(bits, split, lo, step, pair_codes, pair_values,
+                                       dtype == torch.float32, count)
+        return payload, payload[head:]
+    head = levels_head(bits, split, lo, step, list(zip(pair_codes.tolist(), pair_values.tolist())), dtype)
+    return new_host_payload(head, count, bits)
 
 
 def _rounded(level: float, dtype: torch.dtype) -> float:

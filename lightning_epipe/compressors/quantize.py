@@ -5,8 +5,9 @@ Every element x of a tensor with range [min, max] becomes the code
 ``min + q * step``: ``|x - y| <= step / 2`` plus float32 rounding. Min, max and repeated
 values (``exact.py``) decode bit-exactly; an element sharing a code with one of them is
 within one step. A CPU tensor of up to ``host.COMPILED_MAX`` elements is coded on the host
-in two compiled passes (``kernels.min_max``, ``kernels.quantize_codes``): the same payload,
-bit for bit. Payload: the levels format (``levels.py``) with one bucket, i.e.
+in two compiled passes (``kernels.min_max``, ``kernels.quantize_codes``) and two small
+compiled calls (the repeated values' search, the payload's head): the same payload, bit
+for bit. Payload: the levels format (``levels.py``) with one bucket, i.e.
 ``12 + 10 * E + ceil(N * bits / 8)`` bytes, E exact entries (usually 1: the max).
 """
 
@@ -21,10 +22,10 @@ from .base import Compressor, check_int
 from .exact import exact_candidates
 from .bitpack import pack_host
 from .exact import host_values
-from .host import compiled_on, new_host_payload
+from .host import compiled_on
 from .kernels import min_max, quantize_codes
-from .levels import (F32_OVERFLOW, decode_levels, f32, float32_code, host_work, levels_head, new_payload,
-                     write_codes)
+from .levels import (F32_OVERFLOW, decode_levels, f32, float32_code, host_levels_payload, host_work, levels_head,
+                     new_payload, write_codes)
 from .packet import Packet
 from .registry import register_compressor
 
@@ -77,21 +78,21 @@ def encode_uniform(codec: Compressor, flat: torch.Tensor, bits: int) -> torch.Te
         scale = 0.0
     exact = exact_candidates(lo, hi, flat if host is None else host)
     codes = uniform_codes(exact, lo_w, scale, top, flat.dtype)
-    head = levels_head(bits, 0, [lo], [span / top], list(zip(codes.tolist(), exact.tolist())),
-                       flat.dtype)
     # With a range finite in the work dtype, every rounded code is in 0..top already
     # (x - lo <= span, times top / span, each rounded once in the work dtype): no clamp
     # pass needed. A span past float32's max (finite values near +-3e38) makes x - lo
     # Inf for the top elements: clamped, they take the top code (the max's).
     finite = math.isfinite(span) and (flat.dtype == torch.float64 or span < F32_OVERFLOW)
     if host is not None:  # one compiled pass, straight into the payload up to 8 bits
-        payload, segment = new_host_payload(head, host.size, bits)
+        payload, segment = host_levels_payload(bits, 0, np.array([lo]), np.array([span / top]), codes, exact,
+                                               flat.dtype, host.size)
         codes = segment if bits == 8 else np.empty(host.size, dtype=np.uint8 if bits < 8 else np.int32)
         work = np.float64 if host.dtype == np.float64 else np.float32  # work_dtype's
         quantize_codes(host, work(lo_w), work(scale), work(top), codes)  # Inf clamps to top
         if codes is not segment:
             pack_host(codes, bits, segment)
         return torch.from_numpy(payload)
+    head = levels_head(bits, 0, [lo], [span / top], list(zip(codes.tolist(), exact.tolist())), flat.dtype)
     payload, segment = new_payload(flat.numel(), bits, head, flat.device)
     write_codes(flat, bits, lambda chunk: torch.sub(chunk, lo_w).mul_(scale), segment,
                 clamp=not finite)

@@ -10,7 +10,7 @@ import functools
 import numpy as np
 import torch
 
-__all__ = ["strided_sample", "fit_sample_size", "PER_LEVEL", "MIN_FIT_SAMPLE"]
+__all__ = ["strided_sample", "sample_positions_host", "fit_sample_size", "PER_LEVEL", "MIN_FIT_SAMPLE"]
 
 _GOLDEN = 0.6180339887498949
 
@@ -42,7 +42,7 @@ def strided_sample(flat: torch.Tensor | np.ndarray, size: int) -> torch.Tensor |
     (the host path, ``host.py``) gives the same positions.
     """
     if isinstance(flat, np.ndarray):
-        return flat if flat.size <= size else flat[_host_positions(flat.size, size)]
+        return flat if flat.size <= size else flat[sample_positions_host(flat.size, size)]
     count = flat.numel()
     if count <= size:
         return flat
@@ -57,7 +57,7 @@ def _sample_positions(count: int, size: int, device: torch.device) -> torch.Tens
 
 
 @functools.lru_cache(maxsize=16)
-def _host_positions(count: int, size: int) -> np.ndarray:
+def sample_positions_host(count: int, size: int) -> np.ndarray:
     """``_sample_positions`` on the host: [size] int64 (read only)."""
     positions = _sample_positions(count, size, torch.device("cpu")).numpy()
     positions.flags.writeable = False

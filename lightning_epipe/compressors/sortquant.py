@@ -44,9 +44,9 @@ import torch
 from .base import Compressor, check_int
 from .bitpack import pack, pack_host
 from .exact import exact_candidates, host_values
-from .host import new_host_payload
 from .kernels import CHAIN_BUCKETS, sortquant_codes, sortquant_tables
-from .levels import decode_levels, f32, host_work, levels_head, new_payload, work_dtype, write_codes
+from .levels import (decode_levels, f32, host_levels_payload, host_work, levels_head, new_payload, work_dtype,
+                     write_codes)
 from .sampling import strided_sample
 from .packet import Packet
 from .registry import register_compressor
@@ -149,12 +149,13 @@ class SortQuant(Compressor):
         return payload
 
     def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
-        """``_encode_exact`` on the host: a sort of the values (numpy), then two compiled calls
-        (``kernels``): the bucket tables and the exact values' codes
-        (``sortquant_tables``), and every element's code (``sortquant_codes``: its bucket by
-        comparison with the values at the bucket starts, no argsort; the ties across a start
-        take the buckets of their ranks), written straight into the payload at 8 bits. Same
-        codes as the torch path, bit for bit."""
+        """``_encode_exact`` on the host: a sort of the values (numpy), then compiled calls
+        (``kernels``): the repeated values (``exact_candidates``), the bucket tables and the
+        exact values' codes (``sortquant_tables``), the payload with its head
+        (``host_levels_payload``), and every element's code (``sortquant_codes``: its bucket
+        by comparison with the values at the bucket starts, no argsort; the ties across a
+        start take the buckets of their ranks), written straight into the payload at 8
+        bits. Same payload as the torch path, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
         values = np.sort(x)                                                      # [N]
@@ -163,9 +164,8 @@ class SortQuant(Compressor):
         exact = exact_candidates(first, last, x, ordered=values)
         starts = _starts_array(count, buckets)                                   # [K+1]
         lo, step, lo32, step32, pair_codes, pair_values = sortquant_tables(values, starts, q_bits, exact)  # [K], [P]
-        head = levels_head(self.bits, self.split, lo, step, list(zip(pair_codes.tolist(), pair_values.tolist())),
-                           flat.dtype)
-        payload, segment = new_host_payload(head, count, self.bits)
+        payload, segment = host_levels_payload(self.bits, self.split, lo, step, pair_codes, pair_values,
+                                               flat.dtype, count)
         codes = segment if self.bits == 8 else np.empty(count, dtype=np.int32)  # [N]
         sortquant_codes(x, values, starts, lo32, step32, q_bits, codes)
         if codes is not segment:

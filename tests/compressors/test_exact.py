@@ -1,5 +1,7 @@
 """Exact where it is cheap: min, max and repeated values decode bit for bit."""
 
+import math
+
 import pytest
 import torch
 
@@ -105,3 +107,19 @@ def test_repeated_values_are_found_by_share_most_frequent_first():
     assert repeated_values(x) == [2.0, -1.0]
     assert repeated_values(torch.randn(10_000)) == []
     assert repeated_values(torch.tensor([1.0])) == []
+    assert repeated_values(x.numpy()) == [2.0, -1.0]  # the host path's sample: the same positions
+
+
+@pytest.mark.parametrize("size", [300, 5000])
+def test_a_run_of_zeros_is_positive_zero_if_it_holds_one_whatever_the_order(size):
+    for seed in range(4):
+        x = torch.randn(size, generator=torch.Generator().manual_seed(seed))
+        x[::3] = -0.0
+        x[1::7] = 0.0
+        x = x[torch.randperm(size, generator=torch.Generator().manual_seed(seed))]
+        for flat in (x, x.numpy()):
+            (zero,) = repeated_values(flat)
+            assert zero == 0.0 and math.copysign(1.0, zero) == 1.0
+    x[x == 0] = -0.0
+    (zero,) = repeated_values(x)
+    assert math.copysign(1.0, zero) == -1.0

@@ -178,3 +178,30 @@ def test_codebook_decode_is_lloydmax_decode_in_one_call_and_refuses_broken_paylo
     bad[4:8] = np.frombuffer(np.float32(np.nan).tobytes(), np.uint8)
     assert kernels.codebook_decode(bad, x.numel(), lloydmax.MAX_BITS, out) == 1
     assert kernels.codebook_decode(raw[:-1], x.numel(), lloydmax.MAX_BITS, out) == 1
+
+
+def _pair_cases():
+    """(bits, split, lo, step, pair codes, pair values): already-exact levels, a code twice
+    (the first value wins), more pairs than an exact table holds, none."""
+    rng = np.random.default_rng(11)
+    lo, step = np.array([-1.0, 0.1, 0.5, 2.0]), np.array([0.01, 0.02, 0.0, 0.3])
+    exact_level = float(np.float64(np.float32(0.1)) + 3 * np.float64(np.float32(0.02)))
+    yield 8, 2, lo, step, np.array([67, 67, 0, 255, 130]), np.array([exact_level, 7.0, -1.0, 1e-3, 0.5])
+    yield 4, 0, np.array([0.3]), np.array([1 / 15]), np.array([15, 3]), np.array([1.3, 0.5])
+    codes = rng.integers(0, 1 << 12, 400)
+    yield 12, 3, rng.standard_normal(8), rng.random(8), codes, rng.standard_normal(400)
+    yield 8, 2, lo, step, np.empty(0, dtype=np.int64), np.empty(0)
+
+
+@pytest.mark.parametrize("case", range(4))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("count", [0, 5, 1000])
+def test_levels_payload_writes_the_levels_head_in_one_call(case, dtype, count):
+    from lightning_epipe.compressors.levels import host_levels_payload, levels_head
+
+    bits, split, lo, step, codes, values = list(_pair_cases())[case]
+    payload, segment = host_levels_payload(bits, split, lo, step, codes.astype(np.int64), values, dtype, count)
+    head = levels_head(bits, split, lo, step, list(zip(codes.tolist(), values.tolist())), dtype)
+    assert payload[:len(head)].tobytes() == head
+    assert payload.size == len(head) + packed_nbytes(count, bits) and segment.size == packed_nbytes(count, bits)
+    assert count == 0 or np.shares_memory(segment, payload)

@@ -12,9 +12,10 @@ definition:
 
 - ``packing``: codes in and out of ``bitpack``'s layout, decoding lookups, and the decodes
   that check a payload and look every code up in one call (``levels_decode`` for
-  ``quantize`` and ``sortquant``, ``codebook_decode`` for ``lloydmax``);
-- ``scans``: ``quantize``'s ``min_max`` and ``quantize_codes``; ``frequent_values`` for
-  ``exact.repeated_values``;
+  ``quantize`` and ``sortquant``, ``codebook_decode`` for ``lloydmax``), and a levels
+  payload's head written in one call (``levels_payload``);
+- ``scans``: ``quantize``'s ``min_max`` and ``quantize_codes``; ``frequent_values`` and
+  ``sampled_frequent_values`` for ``exact.repeated_values``;
 - ``buckets``: ``sortquant``'s tables, exact pairs and codes;
 - ``lloyd``: ``lloydmax``'s fit and each element's nearest level.
 
@@ -29,9 +30,10 @@ from __future__ import annotations
 from .buckets import CHAIN_BUCKETS, bucket_code, bucket_codes, retag_run, sortquant_codes, sortquant_tables
 from .jit import jit
 from .lloyd import count_below, fit_levels_sorted, lloyd_steps
-from .packing import LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, unpack_codes
-from .scans import frequent_values, min_max, quantize_codes
+from .packing import (LOOKUP_WIDTHS, codebook_decode, levels_decode, levels_payload, lookup_codes, pack_codes,
+                      unpack_codes)
+from .scans import frequent_values, min_max, quantize_codes, sampled_frequent_values
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "fit_levels_sorted", "frequent_values", "levels_decode", "lloyd_steps", "lookup_codes", "min_max",
-           "pack_codes", "quantize_codes", "retag_run", "sortquant_codes", "sortquant_tables", "unpack_codes"]
+           "fit_levels_sorted", "frequent_values", "levels_decode", "levels_payload", "lloyd_steps", "lookup_codes", "min_max",
+           "pack_codes", "quantize_codes", "retag_run", "sampled_frequent_values", "sortquant_codes", "sortquant_tables", "unpack_codes"]

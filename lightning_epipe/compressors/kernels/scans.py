@@ -12,7 +12,7 @@ import numpy as np
 
 from .jit import jit
 
-__all__ = ["min_max", "quantize_codes", "frequent_values"]
+__all__ = ["min_max", "quantize_codes", "frequent_values", "sampled_frequent_values"]
 
 @jit
 def _min_max(x):  # pragma: no cover - compiled
@@ -50,7 +50,8 @@ def quantize_codes(x, lo, scale, top, out):  # pragma: no cover - compiled
 def frequent_values(sample, run, known, limit):  # pragma: no cover - compiled
     """``exact.repeated_values`` past the sort: the finite values holding at least ``run``
     elements of the sorted ``sample`` [M], ``known`` [k] float64 left out, the ``limit`` most
-    frequent, most frequent first (ties in ascending order) -> [<= limit] float64."""
+    frequent, most frequent first (ties in ascending order) -> [<= limit] float64. A run of
+    zeros is +0.0 where it holds one, else -0.0."""
     m = sample.size
     values = np.empty(m)
     counts = np.empty(m, dtype=np.int64)
@@ -61,6 +62,10 @@ def frequent_values(sample, run, known, limit):  # pragma: no cover - compiled
         while j + 1 < m and sample[j + 1] == sample[i]:
             j += 1
         v = np.float64(sample[i])
+        if v == 0.0:  # a run of zeros is +0.0 if it holds one, whatever order the sort left
+            for k in range(i, j + 1):
+                if math.copysign(1.0, sample[k]) > 0:
+                    v = 0.0
         if j - i + 1 >= run and np.isfinite(v):
             fresh = True
             for k in range(known.size):
@@ -71,3 +76,12 @@ def frequent_values(sample, run, known, limit):  # pragma: no cover - compiled
         i = j + 1
     order = np.argsort(-counts[:found], kind="mergesort")[:limit]
     return values[:found][order]
+
+
+@jit
+def sampled_frequent_values(x, positions, run, known, limit):  # pragma: no cover - compiled
+    """``frequent_values`` of the values of x [N] at ``positions`` [M] int64 (all of x where
+    ``positions`` is empty), sorted here: a sample's gather, sort and scan in one call."""
+    sample = x[positions] if positions.size else x.copy()
+    sample.sort()
+    return frequent_values(sample, run, known, limit)
