@@ -15,7 +15,10 @@ step instead of half a step (it lies within half a step of the code's level, and
 ``v``).
 
 Repeated values are searched on the host in a strided sample of ``SPIKE_SAMPLE``
-elements (a sort of 512 values, compiled), so the cost is the same for every tensor size.
+elements (a sort of 512 values, compiled), so the cost is the same for every tensor size;
+where a codec sorts the whole tensor anyway (``sortquant``'s exact boundaries), in the
+sorted tensor itself, every element counted (``repeated_in_sorted``: N / run binary
+searches, no sample).
 Shape legend: N elements, M sampled elements, E entries.
 """
 
@@ -26,10 +29,11 @@ import math
 import numpy as np
 import torch
 
-from .kernels import frequent_values, sampled_frequent_values
+from .kernels import sampled_frequent_values
 from .sampling import sample_positions_host, strided_sample
 
-__all__ = ["SPIKE_SAMPLE", "SPIKE_SHARE", "MAX_SPIKES", "MAX_ENTRIES", "repeated_values",
+__all__ = ["SPIKE_SAMPLE", "SPIKE_SHARE", "MAX_SPIKES", "MAX_ENTRIES", "repeated_values", "repeated_run",
+           "repeated_in_sorted",
            "exact_candidates", "host_values", "exact_nbytes", "exact_bytes", "parse_exact"]
 
 #: Elements of a tensor searched for repeated values.
@@ -56,31 +60,22 @@ def host_values(t: torch.Tensor) -> np.ndarray:
 
 def repeated_values(flat: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
                     limit: int = MAX_SPIKES, sample_size: int = SPIKE_SAMPLE,
-                    known: tuple[float, ...] = (), ordered: np.ndarray | None = None) -> list[float]:
+                    known: tuple[float, ...] = ()) -> list[float]:
     """Values holding at least ``share`` of a strided sample of ``flat`` (at least two
     elements), the ``limit`` most frequent, most frequent first; ``known`` values left
-    out. flat: [N] float tensor, or its ``host_values``; ordered: ``flat``'s values sorted,
-    where the caller has them (a tensor no larger than the sample is then not sorted again).
-
-    The sample's gather, sort and scan of its runs are one compiled call
-    (``kernels.sampled_frequent_values``; ``kernels.frequent_values`` where the caller's
-    sorted tensor is the sample).
+    out. flat: [N] float tensor, or its ``host_values``. The sample's gather, sort and scan
+    of its runs are one compiled call (``kernels.sampled_frequent_values``).
     """
-    if ordered is not None and ordered.size <= sample_size:  # the whole tensor is the sample
-        sample, positions = ordered, None
-    elif isinstance(flat, np.ndarray):
+    if isinstance(flat, np.ndarray):
         sample = flat
         positions = sample_positions_host(flat.size, sample_size) if flat.size > sample_size else _ALL
     else:
         sample, positions = host_values(strided_sample(flat, sample_size)), _ALL
-    m = positions.size if positions is not None and positions.size else sample.size
+    m = positions.size or sample.size
     run = max(2, math.ceil(share * m))
     if m < run:
         return []
-    known = np.asarray(known, dtype=np.float64)
-    if positions is None:
-        return frequent_values(sample, run, known, limit).tolist()
-    return sampled_frequent_values(sample, positions, run, known, limit).tolist()
+    return sampled_frequent_values(sample, positions, run, np.asarray(known, dtype=np.float64), limit).tolist()
 
 
 #: ``sampled_frequent_values``'s positions for "every element".
@@ -88,15 +83,47 @@ _ALL = np.empty(0, dtype=np.int64)
 _ALL.flags.writeable = False
 
 
+def repeated_run(count: int, share: float = SPIKE_SHARE) -> int:
+    """Elements a value of a sorted tensor of ``count`` elements holds at least to be
+    repeated (``repeated_in_sorted``): ``share`` of them, at least two."""
+    return max(2, math.ceil(share * count))
+
+
+def repeated_in_sorted(values: torch.Tensor, share: float = SPIKE_SHARE, limit: int = MAX_SPIKES) -> list[float]:
+    """``repeated_values`` where the caller sorted the whole tensor anyway (``sortquant``'s
+    exact boundaries): every element counts, no sample. values: [N] sorted, N >= 1.
+
+    The finite values holding at least ``repeated_run(N, share)`` elements, the first and
+    the last value left out, the ``limit`` most frequent, most frequent first (ties in
+    ascending order); a run of zeros is +0.0 where it holds one. A run that long holds one
+    of the elements at ``run - 1, 2 run - 1, ...``: N / run binary searches on the
+    tensor's device (``kernels.repeated_sorted`` on the host, the same values).
+    """
+    run = repeated_run(values.numel(), share)
+    probes = values[run - 1::run].contiguous()                                  # [<= 1 / share]
+    left = torch.searchsorted(values, probes).tolist()
+    right = torch.searchsorted(values, probes, right=True).tolist()
+    first, last = float(values[0]), float(values[-1])
+    found: dict[int, tuple[float, int]] = {}
+    for v, a, b in zip(probes.tolist(), left, right):
+        if b - a >= run and math.isfinite(v) and v not in (first, last) and a not in found:
+            if v == 0:
+                v = 0.0 if bool((~torch.signbit(values[a:b])).any()) else -0.0
+            found[a] = (v, b - a)
+    ranked = sorted(found.values(), key=lambda pair: -pair[1])  # stable: ties stay ascending
+    return [v for v, _ in ranked[:limit]]
+
+
 def exact_candidates(lo: float, hi: float, flat: torch.Tensor | np.ndarray,
-                     ordered: np.ndarray | None = None) -> np.ndarray:
-    """The values to reproduce exactly, in order of priority: min, max, repeated values;
-    none if the range is not finite (``check_finite=False`` lets NaN and Inf through).
-    ordered: ``flat`` sorted, where the caller has it (``repeated_values``). -> [<= 6] float64.
+                     repeated: list[float] | None = None) -> np.ndarray:
+    """The values to reproduce exactly, in order of priority: min, max, repeated values
+    (``repeated_values``, or ``repeated`` where the caller found them); none if the range is
+    not finite (``check_finite=False`` lets NaN and Inf through). -> [<= 6] float64.
     """
     if not math.isfinite(hi - lo):
         return np.empty(0)
-    values = [lo, hi, *repeated_values(flat, known=(lo, hi), ordered=ordered)]
+    found = repeated_values(flat, known=(lo, hi)) if repeated is None else repeated
+    values = [lo, hi, *found]
     return np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
 
 

@@ -39,7 +39,7 @@ from .kernels import levels_decode, levels_payload
 from .packet import Packet, host_bytes
 from .sampling import strided_sample
 
-__all__ = ["Levels", "levels_nbytes", "levels_head", "host_levels_payload", "new_payload", "write_codes",
+__all__ = ["Levels", "levels_nbytes", "levels_head", "host_levels_payload", "compiled_head", "new_payload", "write_codes",
            "read_levels", "lookup", "decode_levels", "cast_levels",
            "f32", "F32_OVERFLOW", "float32_code", "work_dtype", "host_work",
            "strided_sample"]
@@ -146,7 +146,11 @@ def levels_head(bits: int, split: int, lo: Sequence[float], step: Sequence[float
             + step32.astype("<f4").tobytes() + exact_bytes(codes, values))
 
 
-_LITTLE_ENDIAN = sys.byteorder == "little"
+def compiled_head(dtype: torch.dtype) -> bool:
+    """Whether the compiled loops write the head of a ``dtype`` tensor's payload
+    (``kernels.levels_payload``): float32 and float64, whose levels they round as
+    ``levels_head`` does, on a little-endian host (the wire's byte order)."""
+    return dtype in (torch.float32, torch.float64) and sys.byteorder == "little"
 
 
 def host_levels_payload(bits: int, split: int, lo: np.ndarray, step: np.ndarray, pair_codes: np.ndarray,
@@ -158,7 +162,7 @@ def host_levels_payload(bits: int, split: int, lo: np.ndarray, step: np.ndarray,
     pairs in order of priority. One compiled call for float32 and float64 tensors
     (``kernels.levels_payload``); the 16-bit dtypes' levels are rounded by ``levels_head``.
     """
-    if dtype in (torch.float32, torch.float64) and _LITTLE_ENDIAN:
+    if compiled_head(dtype):
         payload, head = levels_payload(bits, split, lo, step, pair_codes, pair_values,
                                        dtype == torch.float32, count)
         return payload, payload[head:]

@@ -5,7 +5,8 @@ is quantized uniformly with ``Q = bits - split`` bits between its own ends; the 
 ``bucket * 2**Q + q``. Dense regions get fine steps, outliers cost one bucket, not the
 resolution of all the others. Payload: the levels format (``levels.py``), i.e.
 ``4 + 8 * K`` bytes of tables, ``10 * E`` bytes of exact values (``exact.py``: the max and
-repeated values, where their level is not already exact) plus ``ceil(N * bits / 8)``
+repeated values, where their level is not already exact; with exact boundaries the
+repeated values are counted in the sorted tensor, every element) plus ``ceil(N * bits / 8)``
 bytes of codes. Decoding is a table lookup, no sort. An element sharing a code with an
 exact value is within a step of its bucket instead of half a step.
 
@@ -43,10 +44,10 @@ import torch
 
 from .base import Compressor, check_int
 from .bitpack import pack, pack_host
-from .exact import exact_candidates, host_values
-from .kernels import CHAIN_BUCKETS, sortquant_codes, sortquant_tables
-from .levels import (decode_levels, f32, host_levels_payload, host_work, levels_head, new_payload, work_dtype,
-                     write_codes)
+from .exact import MAX_SPIKES, exact_candidates, host_values, repeated_in_sorted, repeated_run
+from .kernels import CHAIN_BUCKETS, repeated_sorted, sortquant_codes, sortquant_payload, sortquant_tables
+from .levels import (compiled_head, decode_levels, f32, host_levels_payload, host_work, levels_head, new_payload,
+                     work_dtype, write_codes)
 from .sampling import strided_sample
 from .packet import Packet
 from .registry import register_compressor
@@ -137,7 +138,8 @@ class SortQuant(Compressor):
         sorted_codes = q.int().add_(bucket.int() << q_bits)                      # [N]
         codes = torch.empty_like(sorted_codes)
         codes[order] = sorted_codes
-        exact = exact_candidates(float(values[0]), float(values[-1]), flat)
+        first, last = float(values[0]), float(values[-1])
+        exact = exact_candidates(first, last, flat, repeated_in_sorted(values) if math.isfinite(last - first) else [])
         probe = torch.from_numpy(exact).to(device=flat.device, dtype=values.dtype)
         runs = zip(torch.searchsorted(values, probe).tolist(),
                    torch.searchsorted(values, probe, right=True).tolist())
@@ -149,26 +151,33 @@ class SortQuant(Compressor):
         return payload
 
     def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
-        """``_encode_exact`` on the host: a sort of the values (numpy), then compiled calls
-        (``kernels``): the repeated values (``exact_candidates``), the bucket tables and the
-        exact values' codes (``sortquant_tables``), the payload with its head
-        (``host_levels_payload``), and every element's code (``sortquant_codes``: its bucket
-        by comparison with the values at the bucket starts, no argsort; the ties across a
-        start take the buckets of their ranks), written straight into the payload at 8
-        bits. Same payload as the torch path, bit for bit."""
+        """``_encode_exact`` on the host: a sort of the values (numpy), then one compiled
+        call (``kernels.sortquant_payload``: the exact values, the bucket tables, the head
+        and every element's code, its bucket by comparison with the values at the bucket
+        starts, no argsort; the ties across a start take the buckets of their ranks),
+        written straight into the payload at 8 bits. The 16-bit dtypes, whose levels
+        ``levels_head`` rounds, take the same compiled steps one call at a time. Same
+        payload as the torch path, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
         values = np.sort(x)                                                      # [N]
         first, last = float(values[0]), float(values[-1])
         self.raise_if_nonfinite(flat, probe=last - first)  # NaN sorts last
-        exact = exact_candidates(first, last, x, ordered=values)
         starts = _starts_array(count, buckets)                                   # [K+1]
-        lo, step, lo32, step32, pair_codes, pair_values = sortquant_tables(values, starts, q_bits, exact)  # [K], [P]
-        payload, segment = host_levels_payload(self.bits, self.split, lo, step, pair_codes, pair_values,
-                                               flat.dtype, count)
-        codes = segment if self.bits == 8 else np.empty(count, dtype=np.int32)  # [N]
-        sortquant_codes(x, values, starts, lo32, step32, q_bits, codes)
-        if codes is not segment:
+        run = repeated_run(count)
+        if compiled_head(flat.dtype):
+            payload, head, codes = sortquant_payload(x, values, starts, self.bits, self.split, run, MAX_SPIKES,
+                                                     flat.dtype == torch.float32)
+            segment = payload[head:]
+        else:
+            repeated = repeated_sorted(values, run, MAX_SPIKES).tolist() if math.isfinite(last - first) else []
+            exact = exact_candidates(first, last, x, repeated)
+            lo, step, lo32, step32, pair_codes, pair_values = sortquant_tables(values, starts, q_bits, exact)  # [K], [P]
+            payload, segment = host_levels_payload(self.bits, self.split, lo, step, pair_codes, pair_values,
+                                                   flat.dtype, count)
+            codes = segment if self.bits == 8 else np.empty(count, dtype=np.int32)  # [N]
+            sortquant_codes(x, values, starts, lo32, step32, q_bits, codes)
+        if self.bits != 8:
             pack_host(codes, self.bits, segment)
         return torch.from_numpy(payload).to(flat.device)
 

@@ -123,3 +123,43 @@ def test_a_run_of_zeros_is_positive_zero_if_it_holds_one_whatever_the_order(size
     x[x == 0] = -0.0
     (zero,) = repeated_values(x)
     assert math.copysign(1.0, zero) == -1.0
+
+
+def _sorted_cases():
+    """Sorted tensors: spikes of equal and unequal counts, the ends repeated, zeros of both signs,
+    infinities, fewer elements than a run, more spikes than the limit."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4096, generator=g)
+    x[:300], x[300:600], x[600:1000], x[1000:1100], x[1100:1200] = 2.0, -1.0, 0.5, 7.0, -7.0  # the ends: 7, -7
+    yield x
+    y = torch.randn(4096, generator=g)
+    y[::3] = -0.0
+    y[1::9] = 0.0
+    yield y
+    yield y.clone().fill_(3.0)  # constant: first == last
+    z = torch.randn(5000, generator=g)
+    z[:800], z[800:1600] = z.min(), z.max()  # the ends repeated: left out
+    yield z
+    yield torch.tensor([0.0, 1.0])
+    w = torch.randn(3000, generator=g, dtype=torch.float64)
+    w[:100], w[100:200] = math.inf, -math.inf
+    w[200:400], w[400:410] = 1.5, 2.5
+    yield w
+    yield (torch.arange(6000) // 200).float()  # 30 values of 200 each: ties, ascending
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_repeated_in_sorted_counts_every_element_on_the_device_and_on_the_host(case):
+    from lightning_epipe.compressors import kernels
+    from lightning_epipe.compressors.exact import MAX_SPIKES, repeated_in_sorted, repeated_run
+
+    values = torch.sort(list(_sorted_cases())[case]).values
+    found = repeated_in_sorted(values)
+    host = kernels.repeated_sorted(values.numpy(), repeated_run(values.numel()), MAX_SPIKES).tolist()
+    assert [(v, math.copysign(1, v)) for v in found] == [(v, math.copysign(1, v)) for v in host]
+    run = repeated_run(values.numel())
+    counts = {v: int((values == v).sum()) for v in found}
+    assert all(c >= run for c in counts.values()) and list(counts.values()) == sorted(counts.values(), reverse=True)
+    assert not {float(values[0]), float(values[-1])} & set(found) and all(math.isfinite(v) for v in found)
+    expected = {0: [0.5, -1.0, 2.0], 1: [0.0], 2: [], 3: [], 4: [], 5: [1.5], 6: [1.0, 2.0, 3.0, 4.0]}[case]
+    assert found == expected

@@ -176,6 +176,22 @@ def test_compute_hides_a_slow_transfer():
     assert all("5e+03 ms of compute hides a transfer" in c.reason for c in made)
 
 
+def test_one_stretched_compute_window_does_not_hide_a_transfer():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    made = world.check(tuner, 1, codecs, {1: window(1 * MB)}, compute=(0.01, 10))  # 1 ms per micro-batch
+    assert {c.label for c in made} == {"quantize(bits=8)"}
+    # the rate halves (decided again) while one window's compute reads 10 s per micro-batch
+    made = world.check(tuner, 2, codecs, {1: window(0.4 * MB)}, compute=(100.01, 20))
+    assert {c.label for c in made} == {"quantize(bits=8)"}  # not "none": the smallest of the last checks
+    assert tuner.state_dict()["hidden_s"] == pytest.approx([0.001, 10.0])
+    for step, seconds, microbatches in ((4, 200.01, 30), (8, 300.01, 40)):
+        world.check(tuner, step, codecs, {}, compute=(seconds, microbatches))
+    assert tuner.state_dict()["hidden_s"] == pytest.approx([10.0, 10.0, 10.0])  # HIDDEN_CHECKS = 3 kept
+    fresh = AutoTuner(candidates=CANDIDATES)
+    fresh.load_state_dict(json.loads(json.dumps(tuner.state_dict())), book())
+    assert fresh.state_dict() == tuner.state_dict()
+
+
 def test_messages_per_microbatch_counts_both_kinds_on_one_direction():
     assert messages_per_microbatch(PLAN, 0, 1) == 2 and messages_per_microbatch(PLAN, 1, 0) == 2
     chain = plan_pipeline(4, 3, [2, 1, 1], "chain")  # stages on ranks 1, 2, 0: cuts 1 -> 2, 2 -> 0

@@ -12,11 +12,13 @@ definition:
 
 - ``packing``: codes in and out of ``bitpack``'s layout, decoding lookups, and the decodes
   that check a payload and look every code up in one call (``levels_decode`` for
-  ``quantize`` and ``sortquant``, ``codebook_decode`` for ``lloydmax``), and a levels
-  payload's head written in one call (``levels_payload``);
-- ``scans``: ``quantize``'s ``min_max`` and ``quantize_codes``; ``frequent_values`` and
-  ``sampled_frequent_values`` for ``exact.repeated_values``;
-- ``buckets``: ``sortquant``'s tables, exact pairs and codes;
+  ``quantize`` and ``sortquant``, ``codebook_decode`` for ``lloydmax``);
+- ``scans``: ``quantize``'s ``min_max`` and ``quantize_codes``; ``sampled_frequent_values``
+  for ``exact.repeated_values``;
+- ``levels_encode``: a levels payload's head in one call (``levels_payload``), and
+  ``sortquant``'s host encode past its sort in one call (``sortquant_payload``: its exact
+  values, ``repeated_sorted``; its tables, ``sortquant_tables``; its codes,
+  ``sortquant_codes``);
 - ``lloyd``: ``lloydmax``'s fit and each element's nearest level.
 
 They are compiled on first use and cached on disk (``cache=True``: a process after the
@@ -27,13 +29,14 @@ functions call one another only within a module (``jit``).
 
 from __future__ import annotations
 
-from .buckets import CHAIN_BUCKETS, bucket_code, bucket_codes, retag_run, sortquant_codes, sortquant_tables
 from .jit import jit
+from .levels_encode import (CHAIN_BUCKETS, bucket_code, bucket_codes, levels_payload, repeated_sorted, retag_run,
+                            sortquant_codes, sortquant_payload, sortquant_tables)
 from .lloyd import count_below, fit_levels_sorted, lloyd_steps
-from .packing import (LOOKUP_WIDTHS, codebook_decode, levels_decode, levels_payload, lookup_codes, pack_codes,
-                      unpack_codes)
-from .scans import frequent_values, min_max, quantize_codes, sampled_frequent_values
+from .packing import LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, unpack_codes
+from .scans import min_max, quantize_codes, sampled_frequent_values
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "fit_levels_sorted", "frequent_values", "levels_decode", "levels_payload", "lloyd_steps", "lookup_codes", "min_max",
-           "pack_codes", "quantize_codes", "retag_run", "sampled_frequent_values", "sortquant_codes", "sortquant_tables", "unpack_codes"]
+           "fit_levels_sorted", "levels_decode", "levels_payload", "lloyd_steps", "lookup_codes", "min_max", "pack_codes",
+           "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values", "sortquant_codes",
+           "sortquant_payload", "sortquant_tables", "unpack_codes"]

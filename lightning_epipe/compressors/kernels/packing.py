@@ -3,10 +3,9 @@
 Packing and unpacking codes of any width (``pack_codes``, ``unpack_codes``); a decoding
 lookup straight from the packed bytes (``lookup_codes``); and the decodes of the two table
 formats, which check the payload and look every code up in one call (``levels_decode``:
-``quantize`` and ``sortquant``; ``codebook_decode``: ``lloydmax``); and a levels payload's
-head, written into a fresh payload in one call (``levels_payload``).
+``quantize`` and ``sortquant``; ``codebook_decode``: ``lloydmax``).
 
-Shape legend: N codes, B payload bytes, K buckets, P exact pairs.
+Shape legend: N codes, B payload bytes.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ import numpy as np
 
 from .jit import jit
 
-__all__ = ["LOOKUP_WIDTHS", "pack_codes", "unpack_codes", "lookup_codes", "levels_decode", "codebook_decode",
-           "levels_payload"]
+__all__ = ["LOOKUP_WIDTHS", "pack_codes", "unpack_codes", "lookup_codes", "levels_decode", "codebook_decode"]
 
 #: Widths whose codes ``lookup_codes`` reads straight from the bytes: whole bytes, or
 #: several codes a byte.
@@ -234,59 +232,3 @@ def codebook_decode(raw, count, max_bits, out):  # pragma: no cover - compiled
     _gather(table, raw[head:], bits, count, out)
     return 0
 
-
-#: Entries an exact table holds at most (``exact.MAX_ENTRIES``: its count is one byte).
-_MAX_ENTRIES = 255
-
-
-@jit
-def _put(raw, at, word):  # pragma: no cover - compiled
-    """The bytes of ``word`` [1] (any dtype) at byte ``at`` of raw, little-endian (any alignment)."""
-    data = word.view(np.uint8)
-    for b in range(data.size):
-        raw[at + b] = data[b]
-
-
-@jit
-def levels_payload(bits, split, lo, step, pair_codes, pair_values, single, count):  # pragma: no cover - compiled
-    """A fresh levels payload with its head written (``levels.levels_head``'s bytes): prefix,
-    ``lo`` and ``step`` [K] float64 rounded to float32, and the exact table of the (code,
-    value) pairs [P] in order of priority (a code keeps its first value; a code whose level,
-    ``lo + q * step`` in float64 rounded to float32 if ``single`` else kept, is already its
-    value is left out; ``_MAX_ENTRIES`` at most) -> (payload [head + packed bytes of count
-    codes] uint8, head bytes). Little-endian hosts only (``levels.host_levels_payload``).
-    """
-    buckets, q_bits = lo.size, bits - split
-    mask = (1 << q_bits) - 1
-    keep = np.empty(min(pair_codes.size, _MAX_ENTRIES), dtype=np.int64)
-    entries = 0
-    for p in range(pair_codes.size):
-        code = pair_codes[p]
-        seen = entries == keep.size
-        for j in range(p):
-            seen |= pair_codes[j] == code
-        if seen:
-            continue
-        k = code >> q_bits
-        level = np.float64(np.float32(lo[k])) + np.float64(code & mask) * np.float64(np.float32(step[k]))
-        if single:
-            level = np.float64(np.float32(level))
-        if level != pair_values[p]:
-            keep[entries] = p
-            entries += 1
-    head = 4 + 8 * buckets + 10 * entries
-    raw = np.empty(head + (count * bits + 7) // 8, dtype=np.uint8)
-    raw[0], raw[1], raw[2], raw[3] = bits, split, entries, 0
-    word32, word16, word64 = np.empty(1, np.float32), np.empty(1, np.uint16), np.empty(1, np.float64)
-    for k in range(buckets):
-        word32[0] = lo[k]
-        _put(raw, 4 + 4 * k, word32)
-        word32[0] = step[k]
-        _put(raw, 4 + 4 * buckets + 4 * k, word32)
-    at = 4 + 8 * buckets
-    for e in range(entries):
-        word16[0] = pair_codes[keep[e]]
-        _put(raw, at + 2 * e, word16)
-        word64[0] = pair_values[keep[e]]
-        _put(raw, at + 2 * entries + 8 * e, word64)
-    return raw, head

@@ -1,5 +1,5 @@
 """One-pass scans of a tensor or a sorted sample, compiled: ``quantize``'s range and codes, and
-the runs of repeated values ``exact.repeated_values`` looks for.
+the runs of repeated values in a sample (``exact.repeated_values``).
 
 Shape legend: N elements, M sampled elements.
 """
@@ -12,7 +12,7 @@ import numpy as np
 
 from .jit import jit
 
-__all__ = ["min_max", "quantize_codes", "frequent_values", "sampled_frequent_values"]
+__all__ = ["min_max", "quantize_codes", "sampled_frequent_values"]
 
 @jit
 def _min_max(x):  # pragma: no cover - compiled
@@ -47,7 +47,7 @@ def quantize_codes(x, lo, scale, top, out):  # pragma: no cover - compiled
 
 
 @jit
-def frequent_values(sample, run, known, limit):  # pragma: no cover - compiled
+def _frequent_values(sample, run, known, limit):  # pragma: no cover - compiled
     """``exact.repeated_values`` past the sort: the finite values holding at least ``run``
     elements of the sorted ``sample`` [M], ``known`` [k] float64 left out, the ``limit`` most
     frequent, most frequent first (ties in ascending order) -> [<= limit] float64. A run of
@@ -80,8 +80,8 @@ def frequent_values(sample, run, known, limit):  # pragma: no cover - compiled
 
 @jit
 def sampled_frequent_values(x, positions, run, known, limit):  # pragma: no cover - compiled
-    """``frequent_values`` of the values of x [N] at ``positions`` [M] int64 (all of x where
+    """``_frequent_values`` of the values of x [N] at ``positions`` [M] int64 (all of x where
     ``positions`` is empty), sorted here: a sample's gather, sort and scan in one call."""
     sample = x[positions] if positions.size else x.copy()
     sample.sort()
-    return frequent_values(sample, run, known, limit)
+    return _frequent_values(sample, run, known, limit)

@@ -1,21 +1,29 @@
-"""``sortquant``'s host path, compiled: bucket tables, exact pairs and every element's code.
+"""Levels payloads (``compressors/levels.py``'s format) written on the host, compiled: the
+head of any levels payload in one call (``levels_payload``: ``quantize``'s and
+``sortquant``'s), and ``sortquant``'s whole host encode past its sort in one call
+(``sortquant_payload``: exact values, bucket tables, head and every element's code).
 
-The buckets are those of a stable sort's ranks; an element finds its bucket by comparison
-with the values at the bucket starts (a chain of selects up to ``CHAIN_BUCKETS`` buckets,
-which the compiler vectorizes), and the elements of a value whose run crosses a bucket
-start take the buckets of their ranks (``retag_run``). The arithmetic is the torch path's,
-in float32 and in its order, so the payload is the same bit for bit.
+``sortquant``'s buckets are those of a stable sort's ranks; an element finds its bucket by
+comparison with the values at the bucket starts (a chain of selects up to
+``CHAIN_BUCKETS`` buckets, which the compiler vectorizes), and the elements of a value whose
+run crosses a bucket start take the buckets of their ranks (``retag_run``). The arithmetic
+is the torch path's, in float32 and in its order, so the payload is the same bit for bit.
+In a pipeline a call runs between a stage's matmuls, where each call's dispatch costs
+~20 us with the caches cold: one call, not four, is the point of ``sortquant_payload``.
 
-Shape legend: N elements, K buckets, E exact values, S buckets a run spans.
+Shape legend: N elements, K buckets, E exact values, S buckets a run spans, P exact pairs.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from .jit import jit
 
-__all__ = ["CHAIN_BUCKETS", "bucket_codes", "bucket_code", "retag_run", "sortquant_tables", "sortquant_codes"]
+__all__ = ["CHAIN_BUCKETS", "bucket_codes", "bucket_code", "retag_run", "sortquant_tables", "sortquant_codes",
+           "levels_payload", "repeated_sorted", "sortquant_payload"]
 
 #: Buckets a compare chain sorts an element into (``bucket_codes``: tables padded to it).
 CHAIN_BUCKETS = 8
@@ -200,3 +208,124 @@ def sortquant_codes(x, values, starts, lo32, step32, q_bits, out):  # pragma: no
                 moved += 1
         if moved:
             retag_run(x, t, ends[:moved], codes[:moved], out)
+
+
+#: Entries an exact table holds at most (``exact.MAX_ENTRIES``: its count is one byte).
+_MAX_ENTRIES = 255
+
+
+@jit
+def _put(raw, at, word):  # pragma: no cover - compiled
+    """The bytes of ``word`` [1] (any dtype) at byte ``at`` of raw, little-endian (any alignment)."""
+    data = word.view(np.uint8)
+    for b in range(data.size):
+        raw[at + b] = data[b]
+
+
+@jit
+def levels_payload(bits, split, lo, step, pair_codes, pair_values, single, count):  # pragma: no cover - compiled
+    """A fresh levels payload with its head written (``levels.levels_head``'s bytes): prefix,
+    ``lo`` and ``step`` [K] float64 rounded to float32, and the exact table of the (code,
+    value) pairs [P] in order of priority (a code keeps its first value; a code whose level,
+    ``lo + q * step`` in float64 rounded to float32 if ``single`` else kept, is already its
+    value is left out; ``_MAX_ENTRIES`` at most) -> (payload [head + packed bytes of count
+    codes] uint8, head bytes). Little-endian hosts only (``levels.host_levels_payload``).
+    """
+    buckets, q_bits = lo.size, bits - split
+    mask = (1 << q_bits) - 1
+    keep = np.empty(min(pair_codes.size, _MAX_ENTRIES), dtype=np.int64)
+    entries = 0
+    for p in range(pair_codes.size):
+        code = pair_codes[p]
+        seen = entries == keep.size
+        for j in range(p):
+            seen |= pair_codes[j] == code
+        if seen:
+            continue
+        k = code >> q_bits
+        level = np.float64(np.float32(lo[k])) + np.float64(code & mask) * np.float64(np.float32(step[k]))
+        if single:
+            level = np.float64(np.float32(level))
+        if level != pair_values[p]:
+            keep[entries] = p
+            entries += 1
+    head = 4 + 8 * buckets + 10 * entries
+    raw = np.empty(head + (count * bits + 7) // 8, dtype=np.uint8)
+    raw[0], raw[1], raw[2], raw[3] = bits, split, entries, 0
+    word32, word16, word64 = np.empty(1, np.float32), np.empty(1, np.uint16), np.empty(1, np.float64)
+    for k in range(buckets):
+        word32[0] = lo[k]
+        _put(raw, 4 + 4 * k, word32)
+        word32[0] = step[k]
+        _put(raw, 4 + 4 * buckets + 4 * k, word32)
+    at = 4 + 8 * buckets
+    for e in range(entries):
+        word16[0] = pair_codes[keep[e]]
+        _put(raw, at + 2 * e, word16)
+        word64[0] = pair_values[keep[e]]
+        _put(raw, at + 2 * entries + 8 * e, word64)
+    return raw, head
+
+
+@jit
+def repeated_sorted(values, run, limit):  # pragma: no cover - compiled
+    """``exact.repeated_in_sorted`` compiled: the finite values holding at least ``run``
+    elements of the sorted ``values`` [N] (``run >= 1``), the first and the last value left
+    out, the ``limit`` most frequent, most frequent first (ties in ascending order); a run
+    of zeros is +0.0 where it holds one -> [<= limit] float64. Every run of ``run`` or more
+    holds one of the elements at ``run - 1, 2 run - 1, ...``: N / run binary searches."""
+    n = values.size
+    found_values = np.empty(n // run + 1)
+    found_counts = np.empty(n // run + 1, dtype=np.int64)
+    found = 0
+    first, last = values[0], values[n - 1]
+    previous = n  # the start of the last run counted
+    for j in range(run - 1, n, run):
+        v = values[j]
+        left = np.searchsorted(values, v, side="left")
+        if left == previous or not np.isfinite(v) or v == first or v == last:
+            continue
+        previous = left
+        right = np.searchsorted(values, v, side="right")
+        if right - left < run:
+            continue
+        value = np.float64(v)
+        if value == 0.0:
+            value = -0.0
+            for k in range(left, right):
+                if math.copysign(1.0, values[k]) > 0:
+                    value = 0.0
+        found_values[found], found_counts[found] = value, right - left
+        found += 1
+    order = np.argsort(-found_counts[:found], kind="mergesort")[:limit]
+    return found_values[:found][order]
+
+
+@jit
+def sortquant_payload(x, values, starts, bits, split, run, limit, single):  # pragma: no cover - compiled
+    """``sortquant``'s host encode past the sort, one call: x [N] float32/float64; values
+    [N] x sorted; starts [K+1] int64 (``_starts``); run, limit: ``repeated_sorted``'s;
+    single: float32 levels (else float64) -> (payload [head + packed codes] uint8, head
+    bytes, codes [N] int32 still to pack at ``bits`` where bits != 8, else empty: written).
+
+    The exact values are the first and last value, where the range is finite, and the
+    repeated values (``repeated_sorted``); then ``sortquant_tables``, ``levels_payload``
+    and ``sortquant_codes``, as the calls one by one would write them.
+    """
+    count, q_bits = values.size, bits - split
+    first, last = np.float64(values[0]), np.float64(values[count - 1])
+    if np.isfinite(last - first):
+        spikes = repeated_sorted(values, run, limit)
+        exact = np.empty(2 + spikes.size)
+        exact[0], exact[1] = first, last
+        exact[2:] = spikes
+    else:
+        exact = np.empty(0)
+    lo, step, lo32, step32, pair_codes, pair_values = sortquant_tables(values, starts, q_bits, exact)
+    raw, head = levels_payload(bits, split, lo, step, pair_codes, pair_values, single, count)
+    if bits == 8:
+        sortquant_codes(x, values, starts, lo32, step32, q_bits, raw[head:])
+        return raw, head, np.empty(0, dtype=np.int32)
+    codes = np.empty(count, dtype=np.int32)
+    sortquant_codes(x, values, starts, lo32, step32, q_bits, codes)
+    return raw, head, codes
