@@ -97,7 +97,7 @@ from .cache_blocks import cache_blocks
 from .exact import host_values
 from .grid import GRID, Grid, grid_size
 from .host import compiled_decode, compiled_on, host_payload, lookup_host
-from .kernels import codebook_decode, count_below, fit_levels_sorted
+from .kernels import codebook_decode, count_below, fit_levels_sorted, lloydmax_codes, tail_fit_values
 from .kernels import lloyd_steps as compiled_lloyd_steps
 from .levels import F32_OVERFLOW
 from .sampling import fit_sample_size, strided_sample
@@ -212,10 +212,9 @@ class LloydMax(Compressor):
         if not (span > 0 and grid_size(count) / span < F32_OVERFLOW):
             codebook = np.full(levels_n, lo, dtype=np.float32)
             return host_payload(head + codebook.tobytes(), np.zeros(count, np.uint8), self.bits)
-        levels, pinned = fit_levels_host(values, levels_n, self.iterations,
-                                         span / grid_size(count), weights)
-        codebook = levels.astype(np.float32)                                     # [L]
-        codes = nearest(x, codebook.astype(np.float64))
+        codes = np.empty(count, dtype=np.uint8)                                  # [N]
+        codebook = lloydmax_codes(x, values, np.ones(values.size) if weights is None else weights, levels_n,
+                                  self.iterations, span / grid_size(count), PIN_ENDS_FROM, NEIGHBOURS, codes)  # [L]
         return host_payload(head + codebook.astype("<f4").tobytes(), codes, self.bits)
 
     def _decode(self, packet: Packet) -> torch.Tensor:
@@ -423,18 +422,10 @@ def fit_sample(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray | None]
     heavy tail's few far values set levels of their own, which a sample alone would miss.
     The min and max are among the tails.
     """
-    if x.size <= size or x.max() != x.max():
+    if x.size <= size:
         return np.sort(x), None
-    sample = np.sort(strided_sample(x, size))                                   # [M]
-    below, above = sample[TAIL_RANKS], sample[-1 - TAIL_RANKS]
-    tails = x[(x < below) | (x > above)]                                        # [T]
-    tails.sort()
-    split = int(tails.searchsorted(below))
-    first, stop = sample.searchsorted(below), sample.searchsorted(above, "right")
-    values = np.concatenate([tails[:split], sample[first:stop], tails[split:]])  # sorted
-    weights = np.ones(values.size)
-    weights[split:split + stop - first] = (x.size - tails.size) / (stop - first)
-    return values, weights
+    values, weights, nan = tail_fit_values(x, np.sort(strided_sample(x, size)), TAIL_RANKS)  # compiled, one pass
+    return (np.sort(x), None) if nan else (values, weights)
 
 
 def nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:

@@ -205,3 +205,17 @@ def test_levels_payload_writes_the_levels_head_in_one_call(case, dtype, count):
     assert payload[:len(head)].tobytes() == head
     assert payload.size == len(head) + packed_nbytes(count, bits) and segment.size == packed_nbytes(count, bits)
     assert count == 0 or np.shares_memory(segment, payload)
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_lloydmax_codes_is_the_host_fit_then_the_nearest_level(bits, dtype):
+    rng = np.random.default_rng(bits)
+    x = np.maximum(rng.standard_normal(20_000), 0).astype(dtype)  # ReLU: a spike at 0
+    values, weights = lloydmax.fit_sample(x, 8192)
+    codes = np.empty(x.size, dtype=np.uint8)
+    codebook = kernels.lloydmax_codes(x, values, weights, 1 << bits, 8, 1e-4, lloydmax.PIN_ENDS_FROM,
+                                      lloydmax.NEIGHBOURS, codes)
+    levels, _ = lloydmax.fit_levels_host(values, 1 << bits, 8, 1e-4, weights)
+    assert np.array_equal(codebook, levels.astype(np.float32))
+    assert np.array_equal(codes, lloydmax.nearest(x, codebook.astype(np.float64)))

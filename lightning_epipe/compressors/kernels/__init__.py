@@ -19,7 +19,7 @@ definition:
   ``sortquant``'s host encode past its sort in one call (``sortquant_payload``: its exact
   values, ``repeated_sorted``; its tables, ``sortquant_tables``; its codes,
   ``sortquant_codes``);
-- ``lloyd``: ``lloydmax``'s fit and each element's nearest level.
+- ``lloyd``: ``lloydmax``'s fit sample, fit and each element's nearest level.
 
 They are compiled on first use and cached on disk (``cache=True``: a process after the
 first loads them from there), release the GIL, and run on one core: callers keep torch's
@@ -32,11 +32,11 @@ from __future__ import annotations
 from .jit import jit
 from .levels_encode import (CHAIN_BUCKETS, bucket_code, bucket_codes, levels_payload, repeated_sorted, retag_run,
                             sortquant_codes, sortquant_payload, sortquant_tables)
-from .lloyd import count_below, fit_levels_sorted, lloyd_steps
+from .lloyd import count_below, fit_levels_sorted, lloyd_steps, lloydmax_codes, tail_fit_values
 from .packing import LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, unpack_codes
 from .scans import min_max, quantize_codes, sampled_frequent_values
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "fit_levels_sorted", "levels_decode", "levels_payload", "lloyd_steps", "lookup_codes", "min_max", "pack_codes",
+           "fit_levels_sorted", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes", "min_max", "pack_codes",
            "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values", "sortquant_codes",
-           "sortquant_payload", "sortquant_tables", "unpack_codes"]
+           "sortquant_payload", "sortquant_tables", "tail_fit_values", "unpack_codes"]

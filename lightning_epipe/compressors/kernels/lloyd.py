@@ -2,7 +2,9 @@
 
 ``fit_levels_sorted`` (spikes, the density-weighted start, ``lloyd_steps``) takes the sorted
 fit sample in one call; ``count_below`` counts the cuts under each element (a chain of
-compares up to 15 cuts, else a guess table walked to the exact count).
+compares up to 15 cuts, else a guess table walked to the exact count). A host encode is
+two calls past numpy's sorts: ``tail_fit_values`` (the fit sample's far values, one pass)
+and ``lloydmax_codes`` (the fit and every element's nearest level).
 
 Shape legend: N elements, C cuts, L levels, E cells (distinct values).
 """
@@ -13,7 +15,7 @@ import numpy as np
 
 from .jit import jit
 
-__all__ = ["count_below", "lloyd_steps", "fit_levels_sorted"]
+__all__ = ["count_below", "lloyd_steps", "fit_levels_sorted", "tail_fit_values", "lloydmax_codes"]
 
 #: Cuts a compare chain counts (``count_below``: padded to it); more take a guess table.
 _CHAIN_CUTS = 15
@@ -52,27 +54,38 @@ def _count_guessed(x, cuts, lo, scale, table, out):  # pragma: no cover - compil
         out[i] = c
 
 
+@jit
+def _count_below(x, cuts, out):  # pragma: no cover - compiled
+    """``count_below``'s body: a compare chain up to ``_CHAIN_CUTS`` cuts (float32 values
+    compared with each cut rounded down to float32: ``v > c`` is ``v > (the largest float32
+    <= c)``), else the guess table over a uniform grid of the cuts' span."""
+    n_cuts = cuts.size
+    if n_cuts <= _CHAIN_CUTS:
+        padded = np.full(_CHAIN_CUTS, np.inf, dtype=x.dtype)
+        down = np.full(1, -np.inf, dtype=x.dtype)[0]
+        for j in range(n_cuts):
+            padded[j] = cuts[j]
+            if padded[j] > cuts[j]:
+                padded[j] = np.nextafter(padded[j], down)
+        _count_chain(x, padded, np.uint8(n_cuts), out)
+        return
+    lo, hi = cuts[0], cuts[n_cuts - 1]
+    cells = _CELLS_PER_CUT * n_cuts
+    scale = cells / (hi - lo) if hi > lo else 0.0
+    if not 0.0 < scale < np.inf:  # one distinct cut, or a span past float64's range
+        for i in range(x.size):
+            v = x[i]
+            out[i] = n_cuts if v != v else np.searchsorted(cuts, np.float64(v))
+        return
+    table = np.searchsorted(cuts, lo + np.arange(cells + 1) / scale)                # [G+1]
+    _count_guessed(x, cuts, lo, scale, table, out)
+
+
 def count_below(x: np.ndarray, cuts: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``np.searchsorted(cuts, x)``: the number of cuts below each value (a value on a cut is
     not past it; NaN past every one). x: [N] float32/float64; cuts: [C] float64 sorted
     -> out [N] integers (uint8 up to 255 cuts), written and returned."""
-    if cuts.size <= _CHAIN_CUTS:
-        padded = np.full(_CHAIN_CUTS, np.inf, dtype=x.dtype)
-        if x.dtype == np.float32:  # v > c is v > (the largest float32 <= c)
-            below = cuts.astype(np.float32)
-            padded[:cuts.size] = np.where(below > cuts, np.nextafter(below, np.float32(-np.inf)), below)
-        else:
-            padded[:cuts.size] = cuts
-        _count_chain(x, padded, np.uint8(cuts.size), out)
-        return out
-    lo, hi = float(cuts[0]), float(cuts[-1])
-    cells = _CELLS_PER_CUT * cuts.size
-    scale = cells / (hi - lo) if hi > lo else 0.0
-    if not 0.0 < scale < np.inf:  # one distinct cut, or a span past float64's range
-        out[:] = np.searchsorted(cuts, x)
-        return out
-    table = np.searchsorted(cuts, lo + np.arange(cells + 1) / scale)                # [G+1]
-    _count_guessed(x, cuts, lo, scale, table, out)
+    _count_below(x, cuts, out)
     return out
 
 
@@ -223,3 +236,52 @@ def _spread(weight, n):  # pragma: no cover - compiled
     if chosen.size > n:  # overshot: keep n of them, evenly spread
         chosen = chosen[np.rint(np.linspace(0, chosen.size - 1, n)).astype(np.int64)]
     return chosen
+
+
+@jit
+def tail_fit_values(x, sample, tail_ranks):  # pragma: no cover - compiled
+    """``lloydmax.fit_sample`` past the sort of its strided sample, one pass over x: x [N];
+    sample [M] sorted -> (values [V] sorted, weights [V] float64, whether x holds a NaN:
+    then values and weights are empty). Every element of x below the sample's
+    ``tail_ranks``-th value or above its ``tail_ranks``-th from the top enters one element
+    each; the sampled values between stand for the rest, an equal share each."""
+    below, above = sample[tail_ranks], sample[sample.size - 1 - tail_ranks]
+    n_tails = 0
+    nan = False
+    for i in range(x.size):
+        v = x[i]
+        n_tails += v < below or v > above
+        nan |= v != v
+    if nan:
+        return np.empty(0, dtype=x.dtype), np.empty(0), True
+    tails = np.empty(n_tails, dtype=x.dtype)                                    # [T]
+    t = 0
+    for i in range(x.size):
+        v = x[i]
+        if v < below or v > above:
+            tails[t] = v
+            t += 1
+    tails.sort()
+    split = np.searchsorted(tails, below)
+    first, stop = np.searchsorted(sample, below), np.searchsorted(sample, above, side="right")
+    values = np.empty(n_tails + stop - first, dtype=x.dtype)
+    values[:split] = tails[:split]
+    values[split:split + stop - first] = sample[first:stop]
+    values[split + stop - first:] = tails[split:]
+    weights = np.ones(values.size)
+    weights[split:split + stop - first] = (x.size - n_tails) / (stop - first)
+    return values, weights, False
+
+
+@jit
+def lloydmax_codes(x, values, weights, levels_n, iterations, cell, pin_ends_from, neighbours,
+                   out):  # pragma: no cover - compiled
+    """``lloydmax``'s host encode past its fit sample, one call: the levels fitted on
+    ``values``/``weights`` (``fit_levels_sorted``), rounded to float32, and each element of
+    x [N] coded as its nearest (``count_below`` of the midpoints) -> out [N] (uint8),
+    written; returns the codebook [L] float32."""
+    levels, _ = fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from, neighbours)
+    codebook = levels.astype(np.float32)
+    wide = codebook.astype(np.float64)
+    _count_below(x, (wide[1:] + wide[:-1]) / 2, out)
+    return codebook
