@@ -39,8 +39,8 @@ from .kernels import levels_decode, levels_payload
 from .packet import Packet, host_bytes
 from .sampling import strided_sample
 
-__all__ = ["Levels", "levels_nbytes", "levels_head", "host_levels_payload", "compiled_head", "new_payload", "write_codes",
-           "read_levels", "lookup", "decode_levels", "cast_levels",
+__all__ = ["Levels", "levels_nbytes", "levels_head", "host_levels_payload", "compiled_head", "new_payload",
+           "write_codes", "read_levels", "lookup", "decode_levels", "cast_levels",
            "f32", "F32_OVERFLOW", "float32_code", "work_dtype", "host_work",
            "strided_sample"]
 

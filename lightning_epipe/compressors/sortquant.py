@@ -172,7 +172,7 @@ class SortQuant(Compressor):
         else:
             repeated = repeated_sorted(values, run, MAX_SPIKES).tolist() if math.isfinite(last - first) else []
             exact = exact_candidates(first, last, x, repeated)
-            lo, step, lo32, step32, pair_codes, pair_values = sortquant_tables(values, starts, q_bits, exact)  # [K], [P]
+            lo, step, lo32, step32, pair_codes, pair_values = sortquant_tables(values, starts, q_bits, exact)
             payload, segment = host_levels_payload(self.bits, self.split, lo, step, pair_codes, pair_values,
                                                    flat.dtype, count)
             codes = segment if self.bits == 8 else np.empty(count, dtype=np.int32)  # [N]

@@ -37,6 +37,6 @@ from .packing import LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes
 from .scans import min_max, quantize_codes, sampled_frequent_values
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "fit_levels_sorted", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes", "min_max", "pack_codes",
-           "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values", "sortquant_codes",
-           "sortquant_payload", "sortquant_tables", "tail_fit_values", "unpack_codes"]
+           "fit_levels_sorted", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes",
+           "min_max", "pack_codes", "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values",
+           "sortquant_codes", "sortquant_payload", "sortquant_tables", "tail_fit_values", "unpack_codes"]

@@ -231,4 +231,3 @@ def codebook_decode(raw, count, max_bits, out):  # pragma: no cover - compiled
         table[j] = level
     _gather(table, raw[head:], bits, count, out)
     return 0
-
