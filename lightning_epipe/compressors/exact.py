@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 
-from .kernels import sampled_frequent_values
+from .kernels import repeated_sorted, sampled_frequent_values
 from .sampling import sample_positions_host, strided_sample
 
 __all__ = ["SPIKE_SAMPLE", "SPIKE_SHARE", "MAX_SPIKES", "MAX_ENTRIES", "repeated_values", "repeated_run",
@@ -72,7 +72,7 @@ def repeated_values(flat: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
     else:
         sample, positions = host_values(strided_sample(flat, sample_size)), _ALL
     m = positions.size or sample.size
-    run = max(2, math.ceil(share * m))
+    run = repeated_run(m, share)
     if m < run:
         return []
     return sampled_frequent_values(sample, positions, run, np.asarray(known, dtype=np.float64), limit).tolist()
@@ -89,16 +89,21 @@ def repeated_run(count: int, share: float = SPIKE_SHARE) -> int:
     return max(2, math.ceil(share * count))
 
 
-def repeated_in_sorted(values: torch.Tensor, share: float = SPIKE_SHARE, limit: int = MAX_SPIKES) -> list[float]:
+def repeated_in_sorted(values: torch.Tensor | np.ndarray, share: float = SPIKE_SHARE,
+                       limit: int = MAX_SPIKES) -> list[float]:
     """``repeated_values`` where the caller sorted the whole tensor anyway (``sortquant``'s
-    exact boundaries): every element counts, no sample. values: [N] sorted, N >= 1.
+    exact boundaries): every element counts, no sample. values: [N] sorted, N >= 1, a
+    tensor or its host values.
 
     The finite values holding at least ``repeated_run(N, share)`` elements, the first and
     the last value left out, the ``limit`` most frequent, most frequent first (ties in
     ascending order); a run of zeros is +0.0 where it holds one. A run that long holds one
     of the elements at ``run - 1, 2 run - 1, ...``: N / run binary searches on the
-    tensor's device (``kernels.repeated_sorted`` on the host, the same values).
+    tensor's device, or one compiled call on the host (``kernels.repeated_sorted``, the
+    same values).
     """
+    if isinstance(values, np.ndarray):
+        return repeated_sorted(values, repeated_run(values.size, share), limit).tolist()
     run = repeated_run(values.numel(), share)
     probes = values[run - 1::run].contiguous()                                  # [<= 1 / share]
     left = torch.searchsorted(values, probes).tolist()
@@ -115,14 +120,15 @@ def repeated_in_sorted(values: torch.Tensor, share: float = SPIKE_SHARE, limit: 
 
 
 def exact_candidates(lo: float, hi: float, flat: torch.Tensor | np.ndarray,
-                     repeated: list[float] | None = None) -> np.ndarray:
+                     ordered: torch.Tensor | np.ndarray | None = None) -> np.ndarray:
     """The values to reproduce exactly, in order of priority: min, max, repeated values
-    (``repeated_values``, or ``repeated`` where the caller found them); none if the range is
-    not finite (``check_finite=False`` lets NaN and Inf through). -> [<= 6] float64.
+    (``repeated_values``; ``repeated_in_sorted`` where the caller has ``flat`` sorted,
+    ``ordered``); none if the range is not finite (``check_finite=False`` lets NaN and Inf
+    through). -> [<= 6] float64.
     """
     if not math.isfinite(hi - lo):
         return np.empty(0)
-    found = repeated_values(flat, known=(lo, hi)) if repeated is None else repeated
+    found = repeated_values(flat, known=(lo, hi)) if ordered is None else repeated_in_sorted(ordered)
     values = [lo, hi, *found]
     return np.asarray([v for v in values if math.isfinite(v)], dtype=np.float64)
 

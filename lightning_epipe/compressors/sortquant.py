@@ -44,8 +44,8 @@ import torch
 
 from .base import Compressor, check_int
 from .bitpack import pack, pack_host
-from .exact import MAX_SPIKES, exact_candidates, host_values, repeated_in_sorted, repeated_run
-from .kernels import CHAIN_BUCKETS, repeated_sorted, sortquant_codes, sortquant_payload, sortquant_tables
+from .exact import MAX_SPIKES, exact_candidates, host_values, repeated_run
+from .kernels import CHAIN_BUCKETS, sortquant_codes, sortquant_payload, sortquant_tables
 from .levels import (compiled_head, decode_levels, f32, host_levels_payload, host_work, levels_head, new_payload,
                      work_dtype, write_codes)
 from .sampling import strided_sample
@@ -139,7 +139,7 @@ class SortQuant(Compressor):
         codes = torch.empty_like(sorted_codes)
         codes[order] = sorted_codes
         first, last = float(values[0]), float(values[-1])
-        exact = exact_candidates(first, last, flat, repeated_in_sorted(values) if math.isfinite(last - first) else [])
+        exact = exact_candidates(first, last, flat, ordered=values)
         probe = torch.from_numpy(exact).to(device=flat.device, dtype=values.dtype)
         runs = zip(torch.searchsorted(values, probe).tolist(),
                    torch.searchsorted(values, probe, right=True).tolist())
@@ -170,8 +170,7 @@ class SortQuant(Compressor):
                                                      flat.dtype == torch.float32)
             segment = payload[head:]
         else:
-            repeated = repeated_sorted(values, run, MAX_SPIKES).tolist() if math.isfinite(last - first) else []
-            exact = exact_candidates(first, last, x, repeated)
+            exact = exact_candidates(first, last, x, ordered=values)
             lo, step, lo32, step32, pair_codes, pair_values = sortquant_tables(values, starts, q_bits, exact)
             payload, segment = host_levels_payload(self.bits, self.split, lo, step, pair_codes, pair_values,
                                                    flat.dtype, count)
