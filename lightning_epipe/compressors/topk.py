@@ -10,6 +10,13 @@ Payload (little-endian):
 ``k = ceil(fraction * N)``. When k values and positions would cost at least as much as
 all N values sent the same way, all N are sent instead (``dense``, k = N, no positions),
 with a warning once per stream: it is smaller and exact.
+
+Which k: the largest magnitudes, NaN counted as large as infinity, and among magnitudes
+equal to the k-th largest the lowest positions, so every device and path writes the same
+payload. A CPU tensor of up to ``host.COMPILED_MAX`` elements is selected by a compiled
+radix select (``kernels.largest_positions``: four passes over N, which also find any
+NaN/Inf), its float32/float64 payloads decoded in one compiled call (``kernels.sparse_decode``);
+other tensors by torch ops (``_largest``).
 """
 
 from __future__ import annotations
@@ -18,12 +25,16 @@ import math
 import struct
 import warnings
 
+import numpy as np
 import torch
 
 from .base import Compressor, check_int
 from .bitpack import pack, packed_nbytes, unpack
+from .exact import host_values
+from .host import compiled_decode, compiled_on, host_payload
+from .kernels import largest_positions, sparse_decode
 from .levels import decode_levels, levels_nbytes, strided_sample
-from .packet import Packet, bytes_as
+from .packet import Packet, bytes_as, host_bytes
 from .quantize import encode_uniform
 from .registry import register_compressor
 
@@ -69,15 +80,18 @@ class TopK(Compressor):
         if count >= 1 << 32:
             raise ValueError(f"{self.name} sends positions as uint32: {count} elements is "
                              "too many; split the tensor")
-        self.raise_if_nonfinite(flat)
         k = min(count, math.ceil(self.fraction * count))
         index_bits = max(1, (count - 1).bit_length())
         sparse_nbytes = self._values_nbytes(k, x.dtype) + packed_nbytes(k, index_bits)
         dense_nbytes = self._values_nbytes(count, x.dtype)
         if sparse_nbytes < dense_nbytes:
-            positions = _largest(flat, k)
+            if compiled_on(count, flat.device):
+                return self._encode_host(flat, k, index_bits)
+            self.raise_if_nonfinite(flat)
+            positions = _largest(flat, k, finite=self.check_finite)
             return torch.cat([self._prefix(False, k, index_bits, x.device),
                               self._values(flat[positions]), pack(positions, index_bits)])
+        self.raise_if_nonfinite(flat)
         if not self._warned_dense and k < count:
             warnings.warn(f"{self.name}(fraction={self.fraction}): {k} of {count} values with "
                           f"{index_bits}-bit positions cost {sparse_nbytes} bytes, no less "
@@ -87,11 +101,16 @@ class TopK(Compressor):
         return torch.cat([self._prefix(True, count, index_bits, x.device), self._values(flat)])
 
     def _decode(self, packet: Packet) -> torch.Tensor:
+        """A CPU float32 or float64 tensor in one compiled call (``kernels.sparse_decode``),
+        which only says whether the payload is right; where it is not (or another tensor), the
+        checks below word what is wrong."""
+        decoded = compiled_decode(packet, sparse_decode)
+        if decoded is not None:
+            return decoded
         payload, count, dtype = packet.payload, packet.shape.numel(), packet.dtype
         self.expect_packet(packet, payload.numel() >= _PREFIX.size,
                      f"shorter than the {_PREFIX.size}-byte prefix")
-        dense, value_bits, index_bits, pad, k = _PREFIX.unpack(
-            bytes(payload[:_PREFIX.size].tolist()))
+        dense, value_bits, index_bits, pad, k = _PREFIX.unpack(host_bytes(payload, _PREFIX.size).tobytes())
         expected_index_bits = max(1, (count - 1).bit_length())
         self.expect_packet(packet, dense in (0, 1) and pad == 0 and index_bits == expected_index_bits
                      and (value_bits == 0 or 2 <= value_bits <= 16)
@@ -122,6 +141,18 @@ class TopK(Compressor):
         out[positions] = values
         return out.reshape(packet.shape)
 
+    def _encode_host(self, flat: torch.Tensor, k: int, index_bits: int) -> torch.Tensor:
+        """A sparse payload of a CPU tensor [N] written on the host: the selection's positions
+        (which also count NaN/Inf for the finiteness check), the values, the packed positions."""
+        host = host_values(flat)                                                  # [N] float32/float64
+        positions = np.empty(k, dtype=np.int64)                                   # [k] ascending
+        if largest_positions(host, k, positions):
+            self.raise_if_nonfinite(flat)  # a NaN or Inf: the check words it, unless told to send it
+        exact = flat.dtype in (torch.float32, torch.float64)  # else host holds widened values
+        kept = torch.from_numpy(host[positions]) if exact else flat[torch.from_numpy(positions)]
+        head = _PREFIX.pack(False, self.bits or 0, index_bits, 0, k)
+        return host_payload(head + self._values(kept).numpy().tobytes(), positions, index_bits)
+
     def _prefix(self, dense: bool, k: int, index_bits: int, device: torch.device) -> torch.Tensor:
         head = _PREFIX.pack(dense, self.bits or 0, index_bits, 0, k)
         return torch.frombuffer(bytearray(head), dtype=torch.uint8).to(device)
@@ -136,31 +167,37 @@ class TopK(Compressor):
         return count * dtype.itemsize if self.bits is None else levels_nbytes(count, self.bits, 0)
 
 
-def _largest(flat: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the k entries of largest magnitude: [N] -> [k] int64, deterministic.
+def _largest(flat: torch.Tensor, k: int, finite: bool = False) -> torch.Tensor:
+    """Positions of the k entries of largest magnitude: [N] -> [k] int64 ascending, by the
+    module's rule (NaN as infinity; at the k-th largest magnitude, the lowest positions).
+    ``finite``: flat is known to hold no NaN (one pass fewer).
 
     A threshold from a strided sample keeps a few more than k candidates (4 standard
-    deviations of the sample count), and the surplus smallest of those are dropped: a few
-    times cheaper than a full ``topk`` over N on CPU. If sampling misjudged and fewer than
-    k pass the threshold, the full ``topk`` runs instead, as it does for tensors no larger
-    than the sample.
+    deviations of the sample count), among which the exact k-th largest is found: a few
+    times cheaper than a selection over N. If sampling misjudged and fewer than k pass the
+    threshold, or the tensor is no larger than the sample, the selection runs over all N.
     """
     magnitude = flat.abs()
+    if not finite:  # ``finite``: the caller has checked that flat holds no NaN
+        magnitude = torch.nan_to_num(magnitude, nan=math.inf, posinf=math.inf)
     count = flat.numel()
-    if count <= SAMPLE:  # the sample would be all of it: one topk, positions in order
-        return magnitude.topk(k, sorted=False).indices.sort().values
-    sample = strided_sample(magnitude, SAMPLE)
-    m = sample.numel()
-    expected = k * m / count
-    keep = min(m, math.ceil(expected + 4 * math.sqrt(expected) + 8))
-    threshold = sample.kthvalue(m - keep + 1).values       # the keep-th largest of the sample
-    candidates = (magnitude >= threshold).nonzero().squeeze(1)
-    surplus = candidates.numel() - k
-    if surplus < 0:
-        return magnitude.topk(k, sorted=False).indices
-    if surplus:
-        dropped = magnitude[candidates].topk(surplus, largest=False).indices
-        kept = torch.ones_like(candidates, dtype=torch.bool)
-        kept[dropped] = False
-        candidates = candidates[kept]
-    return candidates
+    if count > SAMPLE:
+        sample = strided_sample(magnitude, SAMPLE)
+        m = sample.numel()
+        expected = k * m / count
+        keep = min(m, math.ceil(expected + 4 * math.sqrt(expected) + 8))
+        threshold = sample.kthvalue(m - keep + 1).values       # the keep-th largest of the sample
+        candidates = (magnitude >= threshold).nonzero().squeeze(1)
+        if candidates.numel() >= k:
+            return candidates[_first_largest(magnitude[candidates], k)]
+    return _first_largest(magnitude, k)
+
+
+def _first_largest(magnitude: torch.Tensor, k: int) -> torch.Tensor:
+    """magnitude: [C] without NaN, k <= C -> [k] ascending indices of the k largest, the lowest
+    indices among those equal to the k-th largest."""
+    kth = magnitude.kthvalue(magnitude.numel() - k + 1).values
+    above = magnitude > kth
+    ties = magnitude == kth
+    room = k - above.sum()
+    return (above | (ties & (ties.cumsum(0) <= room))).nonzero().squeeze(1)

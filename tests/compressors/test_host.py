@@ -22,6 +22,7 @@ SAME_PAYLOAD = [
     ("quantize", {"bits": 8}),
     ("quantize", {"bits": 13}),
     ("topk", {"fraction": 0.25, "bits": 6}),
+    ("topk", {"fraction": 0.25}),
     ("hadamard", {"bits": 4}),
     ("hadamard", {"bits": 3, "iterations": 0}),
     ("hadamard", {"bits": 6, "block": 64}),

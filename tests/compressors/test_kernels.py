@@ -1,10 +1,12 @@
 """The compiled host loops (``kernels``) against their numpy definitions, bit for bit."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import get_compressor, host, kernels, lloydmax
+from lightning_epipe.compressors import Packet, get_compressor, host, kernels, lloydmax
 from lightning_epipe.compressors.bitpack import pack, pack_into, packed_nbytes
 from lightning_epipe.compressors.levels import lookup, read_levels
 
@@ -219,3 +221,57 @@ def test_lloydmax_codes_is_the_host_fit_then_the_nearest_level(bits, dtype):
     levels, _ = lloydmax.fit_levels_host(values, 1 << bits, 8, 1e-4, weights)
     assert np.array_equal(codebook, levels.astype(np.float32))
     assert np.array_equal(codes, lloydmax.nearest(x, codebook.astype(np.float64)))
+
+
+def _largest_reference(x: np.ndarray, k: int) -> np.ndarray:
+    """The k largest |x| (NaN as inf), the lowest positions at the k-th largest, ascending."""
+    magnitude = np.abs(x.astype(np.float64))
+    magnitude[np.isnan(magnitude)] = np.inf
+    return np.sort(np.lexsort((np.arange(x.size), -magnitude))[:k])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_largest_positions_are_the_largest_magnitudes_lowest_positions_at_ties(dtype):
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 7, 300, 5000):
+        normal = rng.standard_normal(n)
+        special = normal.copy()
+        special[: min(n, 6)] = [np.nan, np.inf, -np.inf, -0.0, 0.0, -np.nan][: min(n, 6)]
+        for x in (normal, np.maximum(normal, 0), np.where(normal < 0.4, -1e4, 0.0), np.full(n, -0.5),
+                  special, normal * 1e-40, np.float64(np.float32(normal)) * (1 + 2.0 ** -40)):
+            with np.errstate(over="ignore", under="ignore"):
+                x = x.astype(dtype)
+            for k in sorted({1, max(1, n // 10), max(1, n // 2), n}):
+                out = np.empty(k, dtype=np.int64)
+                nonfinite = kernels.largest_positions(x, k, out)
+                assert np.array_equal(out, _largest_reference(x, k)), (n, k)
+                assert nonfinite == int((~np.isfinite(x)).sum())
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"bits": 8}, {"bits": 13}, {"fraction": 0.9}], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_sparse_decode_is_topk_decode_in_one_call_and_refuses_broken_payloads(kwargs, dtype, monkeypatch):
+    c = get_compressor("topk", **{"fraction": 0.2, **kwargs})
+    x = torch.randn(1001, generator=torch.Generator().manual_seed(5)).to(dtype)
+    x[::7] = 0.25  # a repeated value: an exact entry of the quantized values
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fraction 0.9: dense
+        raw = c.encode(x).payload.numpy()
+    out = np.empty(x.numel(), dtype=np.float32 if dtype == torch.float32 else np.float64)
+    assert kernels.sparse_decode(raw, x.numel(), out) == 0
+    monkeypatch.setattr(host, "COMPILED_MAX", -1)  # the torch path's decode
+    assert np.array_equal(out, c.decode(Packet(c.codec_id, dtype, x.shape, torch.from_numpy(raw))).numpy())
+    for at, value in [(0, 2), (1, 1), (1, 17), (2, 11), (3, 1), (4, 0), (5, 9)]:
+        bad = raw.copy()
+        bad[at] = value
+        assert kernels.sparse_decode(bad, x.numel(), out) == 1, at
+    for bad in (raw[:7], raw[:-1], np.concatenate([raw, raw[-1:]])):
+        assert kernels.sparse_decode(bad, x.numel(), out) == 1
+    wider = 2 * x.numel() + 1  # another shape's position width
+    assert kernels.sparse_decode(raw, wider, np.empty(wider, dtype=out.dtype)) == 1
+    if raw[0] == 0:  # sparse: the last position (10 bits: a byte plane, then 2 bits) past the tensor
+        k = int(raw[4:8].view("<u4")[0])
+        bad = raw.copy()
+        bad[raw.size - packed_nbytes(k, 10) + k - 1] = 255
+        bad[-1] = 255
+        assert kernels.sparse_decode(bad, x.numel(), out) == 1

@@ -1,11 +1,13 @@
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import Packet, PacketError, TopK
+from lightning_epipe.compressors import NonFiniteError, Packet, PacketError, TopK, host
 from lightning_epipe.compressors import topk as topk_module
+from lightning_epipe.compressors.kernels import largest_positions
 from lightning_epipe.compressors.packet import header_nbytes
 
 from .cases import sample, ulp_slack
@@ -62,6 +64,35 @@ def test_ties_at_the_threshold_keep_exactly_k():
     x[::7] = -1
     positions = topk_module._largest(x, 100)
     assert positions.unique().numel() == 100
+
+
+@pytest.mark.parametrize("n", [9, 5000, topk_module.SAMPLE + 1, 300_000])
+def test_torch_selection_and_host_selection_pick_the_same_positions(n):
+    """Both paths: the largest magnitudes, NaN as inf, the lowest positions at the k-th largest."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    ties = torch.where(x < 0.5, -2.0, 0.0)                  # ~69% at magnitude 2: ties at the threshold
+    special = torch.relu(x)
+    special[[1, 4, n // 2]] = torch.tensor([math.nan, -math.inf, math.nan])
+    for values in (x, ties, special, torch.full((n,), 0.5)):
+        for k in sorted({1, 3, n // 10 or 1, n // 2, n}):
+            host = np.empty(k, dtype=np.int64)
+            largest_positions(values.numpy(), k, host)
+            assert torch.equal(topk_module._largest(values, k), torch.from_numpy(host)), k
+            assert torch.equal(topk_module._largest(values.double(), k), torch.from_numpy(host)), k
+
+
+def test_unchecked_nan_is_kept_as_the_largest_on_both_paths(monkeypatch):
+    x = distinct(400)
+    x[[3, 250]] = math.nan
+    codec = TopK(fraction=0.01, check_finite=False)
+    fast = codec.encode(x)
+    y = codec.decode(fast)
+    assert y[[3, 250]].isnan().all() and int((y != 0).sum()) == 4  # k = 4: the 2 NaN and the 2 largest
+    monkeypatch.setattr(host, "COMPILED_MAX", -1)
+    assert torch.equal(TopK(fraction=0.01, check_finite=False).encode(x).payload, fast.payload)
+    with pytest.raises(NonFiniteError, match="2 of 400 values are not finite"):
+        TopK(fraction=0.01).encode(x)
 
 
 def test_dense_when_sparse_costs_more_warns_once():

@@ -12,14 +12,16 @@ definition:
 
 - ``packing``: codes in and out of ``bitpack``'s layout, decoding lookups, and the decodes
   that check a payload and look every code up in one call (``levels_decode`` for
-  ``quantize`` and ``sortquant``, ``codebook_decode`` for ``lloydmax``);
+  ``quantize`` and ``sortquant``, ``codebook_decode`` for ``lloydmax``), and ``topk``'s
+  sparse decode (``sparse_decode``);
 - ``scans``: ``quantize``'s ``min_max`` and ``quantize_codes``; ``sampled_frequent_values``
   for ``exact.repeated_values``;
 - ``levels_encode``: a levels payload's head in one call (``levels_payload``), and
   ``sortquant``'s host encode past its sort in one call (``sortquant_payload``: its exact
   values, ``repeated_sorted``; its tables, ``sortquant_tables``; its codes,
   ``sortquant_codes``);
-- ``lloyd``: ``lloydmax``'s fit sample, fit and each element's nearest level.
+- ``lloyd``: ``lloydmax``'s fit sample, fit and each element's nearest level;
+- ``selection``: ``topk``'s positions of the largest magnitudes (``largest_positions``).
 
 They are compiled on first use and cached on disk (``cache=True``: a process after the
 first loads them from there), release the GIL, and run on one core: callers keep torch's
@@ -33,10 +35,12 @@ from .jit import jit
 from .levels_encode import (CHAIN_BUCKETS, bucket_code, bucket_codes, levels_payload, repeated_sorted, retag_run,
                             sortquant_codes, sortquant_payload, sortquant_tables)
 from .lloyd import count_below, fit_levels_sorted, lloyd_steps, lloydmax_codes, tail_fit_values
-from .packing import LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, unpack_codes
+from .packing import (LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, sparse_decode,
+                      unpack_codes)
 from .scans import min_max, quantize_codes, sampled_frequent_values
+from .selection import largest_positions
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "fit_levels_sorted", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes",
+           "fit_levels_sorted", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes",
            "min_max", "pack_codes", "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values",
-           "sortquant_codes", "sortquant_payload", "sortquant_tables", "tail_fit_values", "unpack_codes"]
+           "sparse_decode", "sortquant_codes", "sortquant_payload", "sortquant_tables", "tail_fit_values", "unpack_codes"]

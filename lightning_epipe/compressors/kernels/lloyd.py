@@ -19,7 +19,8 @@ __all__ = ["count_below", "lloyd_steps", "fit_levels_sorted", "tail_fit_values",
 
 #: Cuts a compare chain counts (``count_below``: padded to it); more take a guess table.
 _CHAIN_CUTS = 15
-#: Cells per cut of the guess table of ``count_below`` above ``_CHAIN_CUTS`` cuts.
+#: Cells per cut of the guess table of ``count_below`` above ``_CHAIN_CUTS`` cuts (at most:
+#: fewer for a tensor of fewer than 64 elements a cut, 2 at least).
 _CELLS_PER_CUT = 16
 
 
@@ -70,14 +71,20 @@ def _count_below(x, cuts, out):  # pragma: no cover - compiled
         _count_chain(x, padded, np.uint8(n_cuts), out)
         return
     lo, hi = cuts[0], cuts[n_cuts - 1]
-    cells = _CELLS_PER_CUT * n_cuts
+    cells = min(_CELLS_PER_CUT * n_cuts, max(2 * n_cuts, x.size // 4))  # a table no larger than the work it saves
     scale = cells / (hi - lo) if hi > lo else 0.0
     if not 0.0 < scale < np.inf:  # one distinct cut, or a span past float64's range
         for i in range(x.size):
             v = x[i]
             out[i] = n_cuts if v != v else np.searchsorted(cuts, np.float64(v))
         return
-    table = np.searchsorted(cuts, lo + np.arange(cells + 1) / scale)                # [G+1]
+    table = np.empty(cells + 1, dtype=np.int64)                                  # [G+1] cuts below each cell
+    c = 0
+    for g in range(cells + 1):  # one merge of the cells' edges with the cuts
+        edge = lo + g / scale
+        while c < n_cuts and cuts[c] < edge:
+            c += 1
+        table[g] = c
     _count_guessed(x, cuts, lo, scale, table, out)
 
 

@@ -3,7 +3,8 @@
 Packing and unpacking codes of any width (``pack_codes``, ``unpack_codes``); a decoding
 lookup straight from the packed bytes (``lookup_codes``); and the decodes of the two table
 formats, which check the payload and look every code up in one call (``levels_decode``:
-``quantize`` and ``sortquant``; ``codebook_decode``: ``lloydmax``).
+``quantize`` and ``sortquant``; ``codebook_decode``: ``lloydmax``); and ``topk``'s sparse
+decode, checked, its values and packed positions read and placed in one call (``sparse_decode``).
 
 Shape legend: N codes, B payload bytes.
 """
@@ -14,7 +15,8 @@ import numpy as np
 
 from .jit import jit
 
-__all__ = ["LOOKUP_WIDTHS", "pack_codes", "unpack_codes", "lookup_codes", "levels_decode", "codebook_decode"]
+__all__ = ["LOOKUP_WIDTHS", "pack_codes", "unpack_codes", "lookup_codes", "levels_decode", "codebook_decode",
+           "sparse_decode"]
 
 #: Widths whose codes ``lookup_codes`` reads straight from the bytes: whole bytes, or
 #: several codes a byte.
@@ -230,4 +232,55 @@ def codebook_decode(raw, count, max_bits, out):  # pragma: no cover - compiled
             return 1
         table[j] = level
     _gather(table, raw[head:], bits, count, out)
+    return 0
+
+
+
+@jit
+def sparse_decode(raw, count, out):  # pragma: no cover - compiled
+    """A ``topk`` payload (prefix ``[dense][value_bits][index_bits][0][k u32]``, k values raw
+    or as a one-bucket levels payload, k positions packed unless dense) checked and decoded in
+    one call: raw [B] uint8 -> out [count] float32/float64, zero where no value was kept.
+    -> 0, or 1 where anything is wrong (prefix, size, the values' levels payload, a position
+    past count): the caller words the error."""
+    if raw.size < 8:
+        return 1
+    dense, value_bits, index_bits = np.int64(raw[0]), np.int64(raw[1]), np.int64(raw[2])
+    k = np.int64(raw[4]) | (np.int64(raw[5]) << 8) | (np.int64(raw[6]) << 16) | (np.int64(raw[7]) << 24)
+    width = 1
+    while (1 << width) < count:
+        width += 1
+    if not (dense <= 1 and raw[3] == 0 and index_bits == width and (value_bits == 0 or 2 <= value_bits <= 16)
+            and (k == count if dense else 1 <= k <= count)):
+        return 1
+    if value_bits:
+        entries = np.int64(raw[10]) if raw.size > 10 else 0
+        values_nbytes = 12 + 10 * entries + (k * value_bits + 7) // 8
+    else:
+        values_nbytes = k * out.itemsize
+    index_nbytes = 0 if dense else (k * index_bits + 7) // 8
+    if raw.size != 8 + values_nbytes + index_nbytes:
+        return 1
+    values = out if dense else np.empty(k, dtype=out.dtype)                      # [k]
+    if value_bits:
+        if levels_decode(raw[8:8 + values_nbytes], k, 0, 0, values) != 0:
+            return 1
+    elif out.itemsize == 4:
+        word32 = np.empty(1, np.uint32)
+        for j in range(k):
+            values[j] = _float32_at(raw, 8 + 4 * j, word32)
+    else:
+        word64 = np.empty(1, np.uint64)
+        for j in range(k):
+            values[j] = _float64_at(raw, 8 + 8 * j, word64)
+    if dense:
+        return 0
+    positions = np.empty(k, dtype=np.int64)
+    _unpack(raw[8 + values_nbytes:], index_bits, k, positions)
+    for j in range(k):
+        if positions[j] >= count:
+            return 1
+    out[:] = 0
+    for j in range(k):
+        out[positions[j]] = values[j]
     return 0
