@@ -21,10 +21,11 @@ Encode, for N elements cut into R = ceil(N / n) blocks of n = ``block`` (zero pa
 Decode: ``x = 2**e * s * H (sigma_r * level[code])`` (H is its own inverse), cropped to N
 and clamped to the dtype's finite range.
 
-The levels are fitted on the host, in numpy, on every path (``fit_levels_host``: the fit
+The levels are fitted on the host, compiled, on every path (``fit_levels_host``: the fit
 sample is read there once, not a few kernels and a synchronization per Lloyd step on an
 accelerator). A finite CPU tensor of at most ``host.HOST_MAX`` elements also finds its codes
-and checks in numpy (``host.py``): the same payload bit for bit, in a few calls instead of a
+on the host (``host.py``), the fit and codes in one compiled call past numpy's sort of the
+sample (``kernels.hadamard_codes``): the same payload bit for bit, in a few calls instead of a
 few dozen; the rotation stays a torch product on every path.
 
 Payload (little-endian)::
@@ -57,6 +58,7 @@ from .base import Compressor, check_int
 from .bitpack import pack, packed_nbytes, unpack, unpack_host
 from .exact import host_values
 from .host import cumsum_host, host_payload, on_host
+from .kernels import hadamard_codes, unweighted_lloyd
 from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
 from .sampling import fit_sample_size
@@ -236,39 +238,25 @@ def random_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
 
 
 def _codes_host(meta: tuple[int, ...], u: np.ndarray, sigma: torch.Tensor, bits: int, iterations: int) -> torch.Tensor:
-    """The host path's levels, codes and payload (``host.py``), bit for bit the torch path's.
+    """The host path's levels, codes and payload (``host.py``), bit for bit the torch path's:
+    past numpy's sort of the fit sample, one compiled call (``kernels.hadamard_codes``).
     u: [R * n] float32, finite; sigma: [R] bfloat16 -> uint8 payload."""
     levels_n = 1 << bits
-    levels = fit_levels_host(_sample(u, fit_sample_size(levels_n, SAMPLE)), levels_n, iterations)   # [L]
-    cuts = (levels[1:] + levels[:-1]) / 2                                         # [L-1] float32, as _nearest
+    values = np.sort(_sample(u, fit_sample_size(levels_n, SAMPLE)))               # [M]
+    codes = np.empty(u.size, dtype=np.uint8)                                      # [R * n] _nearest's codes
+    levels = hadamard_codes(u, values, normal_levels(levels_n).numpy(), iterations, codes)  # [L]
     head = np.array(meta, dtype="<i4").tobytes() + levels.tobytes() + sigma.view(torch.uint8).numpy().tobytes()
-    return host_payload(head, np.searchsorted(cuts, u), bits)  # the number of cuts below: _nearest's code
+    return host_payload(head, codes, bits)
 
 
 def fit_levels_host(sample: np.ndarray, levels_n: int, iterations: int) -> np.ndarray:
     """sample: [M] float32 (about unit RMS) -> [L] float32 sorted levels after Lloyd steps, from
     the normal's (each level moves to the mean of the values nearest it; it stops early when none
-    moves; a level without values stays)."""
-    levels = normal_levels(levels_n).numpy()
+    moves; a level without values stays): compiled, ``kernels.unweighted_lloyd``."""
     values = np.sort(sample)
     prefix = np.zeros(values.size + 1)
     cumsum_host(values.astype(np.float64), out=prefix[1:])  # sequential float64 sums, as torch's
-    edges = np.empty(levels_n + 1, dtype=np.int64)      # [L+1] each level's first and last rank
-    edges[0], edges[-1] = 0, values.size
-    cuts = np.empty(levels_n - 1, dtype=np.float32)
-    for _ in range(iterations):
-        np.add(levels[1:], levels[:-1], out=cuts)
-        cuts /= 2
-        edges[1:-1] = values.searchsorted(cuts)
-        at = prefix[edges]
-        counts = edges[1:] - edges[:-1]
-        moved = ((at[1:] - at[:-1]) / np.maximum(counts, 1)).astype(np.float32)
-        if not counts.all():
-            moved[counts == 0] = levels[counts == 0]  # a level without values stays
-        if (moved == levels).all():
-            break
-        levels = moved
-    return levels
+    return unweighted_lloyd(values, prefix, normal_levels(levels_n).numpy(), iterations)
 
 
 @functools.lru_cache(maxsize=None)

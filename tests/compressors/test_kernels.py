@@ -275,3 +275,41 @@ def test_sparse_decode_is_topk_decode_in_one_call_and_refuses_broken_payloads(kw
         bad[raw.size - packed_nbytes(k, 10) + k - 1] = 255
         bad[-1] = 255
         assert kernels.sparse_decode(bad, x.numel(), out) == 1
+
+
+def _unweighted_lloyd_reference(values: np.ndarray, levels: np.ndarray, iterations: int) -> np.ndarray:
+    """``hadamard``'s fit in numpy: values [M] float32 sorted, levels [L] float32."""
+    prefix = np.zeros(values.size + 1)
+    np.cumsum(values.astype(np.float64), out=prefix[1:])
+    edges = np.empty(levels.size + 1, dtype=np.int64)
+    edges[0], edges[-1] = 0, values.size
+    cuts = np.empty(levels.size - 1, dtype=np.float32)
+    for _ in range(iterations):
+        np.add(levels[1:], levels[:-1], out=cuts)
+        cuts /= 2
+        edges[1:-1] = values.searchsorted(cuts)
+        at = prefix[edges]
+        counts = edges[1:] - edges[:-1]
+        moved = ((at[1:] - at[:-1]) / np.maximum(counts, 1)).astype(np.float32)
+        moved[counts == 0] = levels[counts == 0]
+        if (moved == levels).all():
+            break
+        levels = moved
+    return levels
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("iterations", [0, 1, 8, 100])
+def test_hadamard_fit_and_codes_are_the_numpy_fit_then_the_count_of_cuts_below(bits, iterations):
+    from lightning_epipe.compressors.hadamard import normal_levels
+
+    rng = np.random.default_rng(bits * 100 + iterations)
+    start = normal_levels(1 << bits).numpy()
+    for u in (rng.standard_normal(5000).astype(np.float32), np.repeat(rng.standard_normal(7), 300).astype(np.float32),
+              (rng.standard_t(3, 3000) * 0.5).astype(np.float32), np.zeros(64, dtype=np.float32)):
+        values = np.sort(u[::3])
+        codes = np.empty(u.size, dtype=np.uint8)
+        levels = kernels.hadamard_codes(u, values, start, iterations, codes)
+        expected = _unweighted_lloyd_reference(values, start, iterations)
+        assert levels.dtype == np.float32 and np.array_equal(levels, expected)
+        assert np.array_equal(codes, np.searchsorted((expected[1:] + expected[:-1]) / 2, u))

@@ -20,7 +20,8 @@ definition:
   ``sortquant``'s host encode past its sort in one call (``sortquant_payload``: its exact
   values, ``repeated_sorted``; its tables, ``sortquant_tables``; its codes,
   ``sortquant_codes``);
-- ``lloyd``: ``lloydmax``'s fit sample, fit and each element's nearest level;
+- ``lloyd``: ``lloydmax``'s fit sample, fit and each element's nearest level; ``hadamard``'s fit
+  and codes;
 - ``selection``: ``topk``'s positions of the largest magnitudes (``largest_positions``).
 
 They are compiled on first use and cached on disk (``cache=True``: a process after the
@@ -34,13 +35,15 @@ from __future__ import annotations
 from .jit import jit
 from .levels_encode import (CHAIN_BUCKETS, bucket_code, bucket_codes, levels_payload, repeated_sorted, retag_run,
                             sortquant_codes, sortquant_payload, sortquant_tables)
-from .lloyd import count_below, fit_levels_sorted, lloyd_steps, lloydmax_codes, tail_fit_values
+from .lloyd import (count_below, fit_levels_sorted, hadamard_codes, lloyd_steps, lloydmax_codes, tail_fit_values,
+                    unweighted_lloyd)
 from .packing import (LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, sparse_decode,
                       unpack_codes)
 from .scans import min_max, quantize_codes, sampled_frequent_values
 from .selection import largest_positions
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "fit_levels_sorted", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes",
+           "fit_levels_sorted", "hadamard_codes", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes",
            "min_max", "pack_codes", "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values",
-           "sparse_decode", "sortquant_codes", "sortquant_payload", "sortquant_tables", "tail_fit_values", "unpack_codes"]
+           "sparse_decode", "sortquant_codes", "sortquant_payload", "sortquant_tables", "tail_fit_values", "unpack_codes",
+           "unweighted_lloyd"]

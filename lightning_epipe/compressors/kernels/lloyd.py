@@ -1,10 +1,12 @@
-"""``lloydmax``'s host path, compiled: the fit of its levels and each element's nearest one.
+"""The Lloyd fits on the host, compiled: ``lloydmax``'s and ``hadamard``'s levels and each element's nearest.
 
 ``fit_levels_sorted`` (spikes, the density-weighted start, ``lloyd_steps``) takes the sorted
 fit sample in one call; ``count_below`` counts the cuts under each element (a chain of
 compares up to 15 cuts, else a guess table walked to the exact count). A host encode is
 two calls past numpy's sorts: ``tail_fit_values`` (the fit sample's far values, one pass)
-and ``lloydmax_codes`` (the fit and every element's nearest level).
+and ``lloydmax_codes`` (the fit and every element's nearest level). ``hadamard``'s fit, plain
+Lloyd steps from the normal's levels in its own float32 arithmetic, is ``unweighted_lloyd``, and
+its host encode past the sort one call, ``hadamard_codes``.
 
 Shape legend: N elements, C cuts, L levels, E cells (distinct values).
 """
@@ -15,7 +17,8 @@ import numpy as np
 
 from .jit import jit
 
-__all__ = ["count_below", "lloyd_steps", "fit_levels_sorted", "tail_fit_values", "lloydmax_codes"]
+__all__ = ["count_below", "lloyd_steps", "fit_levels_sorted", "tail_fit_values", "lloydmax_codes", "unweighted_lloyd",
+           "hadamard_codes"]
 
 #: Cuts a compare chain counts (``count_below``: padded to it); more take a guess table.
 _CHAIN_CUTS = 15
@@ -292,3 +295,48 @@ def lloydmax_codes(x, values, weights, levels_n, iterations, cell, pin_ends_from
     wide = codebook.astype(np.float64)
     _count_below(x, (wide[1:] + wide[:-1]) / 2, out)
     return codebook
+
+
+@jit
+def unweighted_lloyd(values, prefix, levels, iterations):  # pragma: no cover - compiled
+    """``hadamard``'s level fit: ``iterations`` Lloyd steps on sorted float32 ``values`` [M]
+    (``prefix`` [M + 1]: their float64 running sums) from float32 ``levels`` [L], in float32
+    cuts ``(a + b) / 2`` and float64 means rounded to float32; a level without values stays;
+    stops early when none moves -> [L] float32 (a new array)."""
+    n_levels = levels.size
+    levels = levels.copy()
+    moved = np.empty(n_levels, dtype=np.float32)
+    edges = np.empty(n_levels + 1, dtype=np.int64)
+    edges[0], edges[n_levels] = 0, values.size
+    two = np.float32(2)
+    for _ in range(iterations):
+        for j in range(n_levels - 1):
+            edges[j + 1] = np.searchsorted(values, (levels[j + 1] + levels[j]) / two)
+        same = True
+        for j in range(n_levels):
+            count = edges[j + 1] - edges[j]
+            moved[j] = np.float32((prefix[edges[j + 1]] - prefix[edges[j]]) / count) if count else levels[j]
+            same &= moved[j] == levels[j]
+        if same:
+            break
+        levels, moved = moved, levels
+    return levels
+
+
+@jit
+def hadamard_codes(u, values, levels, iterations, out):  # pragma: no cover - compiled
+    """``hadamard``'s host encode past the sort of its fit sample, one call: the levels fitted on
+    sorted ``values`` [M] float32 (``unweighted_lloyd`` from ``levels`` [L] float32, the running
+    sums summed in order) and each element of u [N] float32 coded as the number of float32 cuts
+    ``(a + b) / 2`` below it -> out [N] (uint8), written; returns the levels [L] float32."""
+    prefix = np.empty(values.size + 1)
+    prefix[0] = 0.0
+    for i in range(values.size):
+        prefix[i + 1] = prefix[i] + np.float64(values[i])
+    fitted = unweighted_lloyd(values, prefix, levels, iterations)
+    cuts = np.empty(fitted.size - 1)
+    two = np.float32(2)
+    for j in range(cuts.size):
+        cuts[j] = (fitted[j + 1] + fitted[j]) / two  # a float32 cut, exact in float64
+    _count_below(u, cuts, out)
+    return fitted
