@@ -14,7 +14,7 @@ with a warning once per stream: it is smaller and exact.
 Which k: the largest magnitudes, NaN counted as large as infinity, and among magnitudes
 equal to the k-th largest the lowest positions, so every device and path writes the same
 payload. A CPU tensor of up to ``host.COMPILED_MAX`` elements is selected by a compiled
-radix select (``kernels.largest_positions``: four passes over N, which also find any
+radix select (``kernels.largest_positions``: three passes over N, which also count any
 NaN/Inf), its float32/float64 payloads decoded in one compiled call (``kernels.sparse_decode``);
 other tensors by torch ops (``_largest``).
 """

@@ -313,3 +313,43 @@ def test_hadamard_fit_and_codes_are_the_numpy_fit_then_the_count_of_cuts_below(b
         expected = _unweighted_lloyd_reference(values, start, iterations)
         assert levels.dtype == np.float32 and np.array_equal(levels, expected)
         assert np.array_equal(codes, np.searchsorted((expected[1:] + expected[:-1]) / 2, u))
+
+
+def test_rank_near_is_searchsorted_from_any_guess():
+    from lightning_epipe.compressors.kernels.lloyd import _rank_near
+
+    rng = np.random.default_rng(8)
+    for points in (np.sort(rng.standard_normal(1000)), np.repeat(np.arange(20.0), 37), np.zeros(5), np.array([1.0])):
+        cuts = np.concatenate([rng.standard_normal(200) * 3, points[::7], [-np.inf, np.inf, points[0], points[-1]]])
+        for cut in cuts:
+            expected = np.searchsorted(points, cut)
+            for guess in {0, points.size, expected, max(expected - 1, 0), min(expected + 1, points.size),
+                          int(rng.integers(0, points.size + 1))}:
+                assert _rank_near(points, cut, guess) == expected, (cut, guess)
+
+
+def _lloyd_steps_reference(points, weight, levels, fixed, iterations):
+    """``lloyd_steps`` in numpy (binary searches for the boundaries)."""
+    weight_below = np.concatenate([[0.0], np.cumsum(weight)])
+    total_below = np.concatenate([[0.0], np.cumsum(points * weight)])
+    for _ in range(iterations):
+        edges = np.concatenate([[0], np.searchsorted(points, (levels[1:] + levels[:-1]) * 0.5), [points.size]])
+        n = weight_below[edges[1:]] - weight_below[edges[:-1]]
+        s = total_below[edges[1:]] - total_below[edges[:-1]]
+        moved = np.where((n > 0) & ~fixed, s / np.where(n > 0, n, 1), levels)
+        if (moved == levels).all():
+            break
+        levels = moved
+    return levels
+
+
+@pytest.mark.parametrize("levels_n", [2, 16, 256])
+def test_lloyd_steps_are_the_binary_search_steps(levels_n):
+    rng = np.random.default_rng(levels_n)
+    for points in (np.sort(rng.standard_normal(3000)), np.sort(rng.standard_t(2, 500)), np.arange(300.0)):
+        weight = rng.random(points.size) + 0.5
+        levels = np.sort(rng.choice(points, levels_n))
+        fixed = rng.random(levels_n) < 0.1
+        for iterations in (1, 8, 50):
+            assert np.array_equal(kernels.lloyd_steps(points, weight, levels, fixed, iterations),
+                                  _lloyd_steps_reference(points, weight, levels, fixed, iterations))

@@ -100,6 +100,31 @@ def count_below(x: np.ndarray, cuts: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 @jit
+def _rank_near(points, cut, guess):  # pragma: no cover - compiled
+    """``np.searchsorted(points, cut)`` (points [E] sorted) by a galloping search from ``guess``:
+    steps of 1, 2, 4, ... away from it, then a binary search within the last step. A Lloyd
+    step's boundaries move little, so log of the move where a binary search takes log E."""
+    n = points.size
+    if guess < n and points[guess] < cut:  # the rank is past guess
+        lo, step = guess + 1, 1
+        hi = guess + step
+        while hi < n and points[hi] < cut:
+            lo = hi + 1
+            step *= 2
+            hi = guess + step
+        hi = min(hi, n)
+    else:  # the rank is at most guess
+        hi, step = guess, 1
+        at = guess - step
+        while at >= 0 and points[at] >= cut:
+            hi = at
+            step *= 2
+            at = guess - step
+        lo = max(at + 1, 0)
+    return lo + np.searchsorted(points[lo:hi], cut)
+
+
+@jit
 def lloyd_steps(points, weight, levels, fixed, iterations):  # pragma: no cover - compiled
     """``iterations`` weighted Lloyd steps, all in one call: each level not ``fixed`` moves
     to the mean of the points nearest to it (boundaries at the midpoints ``(a + b) * 0.5``
@@ -118,11 +143,11 @@ def lloyd_steps(points, weight, levels, fixed, iterations):  # pragma: no cover 
     levels = levels.copy()
     moved = levels.copy()
     n_levels = levels.size
-    edges = np.empty(n_levels + 1, dtype=np.int64)
-    edges[0], edges[n_levels] = 0, count
+    edges = np.zeros(n_levels + 1, dtype=np.int64)
+    edges[n_levels] = count
     for _ in range(iterations):
         for j in range(n_levels - 1):
-            edges[j + 1] = np.searchsorted(points, (levels[j + 1] + levels[j]) * 0.5)
+            edges[j + 1] = _rank_near(points, (levels[j + 1] + levels[j]) * 0.5, max(edges[j], edges[j + 1]))
         same = True
         for j in range(n_levels):
             n = weight_below[edges[j + 1]] - weight_below[edges[j]]
@@ -306,12 +331,12 @@ def unweighted_lloyd(values, prefix, levels, iterations):  # pragma: no cover - 
     n_levels = levels.size
     levels = levels.copy()
     moved = np.empty(n_levels, dtype=np.float32)
-    edges = np.empty(n_levels + 1, dtype=np.int64)
-    edges[0], edges[n_levels] = 0, values.size
+    edges = np.zeros(n_levels + 1, dtype=np.int64)
+    edges[n_levels] = values.size
     two = np.float32(2)
     for _ in range(iterations):
         for j in range(n_levels - 1):
-            edges[j + 1] = np.searchsorted(values, (levels[j + 1] + levels[j]) / two)
+            edges[j + 1] = _rank_near(values, (levels[j + 1] + levels[j]) / two, max(edges[j], edges[j + 1]))
         same = True
         for j in range(n_levels):
             count = edges[j + 1] - edges[j]

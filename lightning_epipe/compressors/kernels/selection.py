@@ -2,9 +2,10 @@
 
 A radix select on the magnitudes' bit patterns (for a non-negative float the pattern
 orders as the value): a histogram of the top 11 bits over every element finds the digit
-holding the k-th largest, then the few elements with that digit are narrowed digit by
-digit to the k-th largest magnitude itself, and one last pass writes the positions in
-ascending order. Four passes over N whatever k, where a sort or a heap costs N log k.
+holding the k-th largest, a second pass gathers the elements with that digit, which are
+narrowed 8 bits at a time to the k-th largest magnitude itself, and a last pass writes the
+positions in ascending order. Three passes over N whatever k, where a sort or a heap costs
+N log k.
 
 The rule is ``topk._largest``'s on every device: the k largest magnitudes, NaN as large as
 infinity, and among magnitudes equal to the k-th largest the lowest positions.
