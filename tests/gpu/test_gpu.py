@@ -18,7 +18,7 @@ import shutil
 import pytest
 import torch
 
-from lightning_epipe.compressors import Packet
+from lightning_epipe.compressors import Packet, TopK
 from tests.compressors.cases import CODECS, codec_id, make, sample, ulp_slack
 from tests.helpers import ROOT, run_nodes, run_ranks
 from tests.strategy.scenario import reference
@@ -176,6 +176,18 @@ def test_codec_on_cuda_round_trips_like_on_the_host(case, dtype, shape):
     host = make(case).decode(make(case).encode(x))
     error, host_error = (y.cpu().double() - x.double()).norm(), (host.double() - x.double()).norm()
     assert error <= 1.25 * host_error + ulp_slack(x) * x.numel() ** 0.5
+
+
+@one_gpu
+@pytest.mark.parametrize("n", [37, 5000, 70_000])
+def test_topk_on_the_gpu_keeps_the_hosts_positions_ties_and_nan_included(n):
+    """One selection rule on every device: the same payload, raw values, bit for bit."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.where(torch.rand(n, generator=g) < 0.5, -2.0, torch.randn(n, generator=g))  # ties at magnitude 2
+    x[n // 3] = float("nan")
+    for fraction in (0.01, 0.3):
+        codec = TopK(fraction=fraction, check_finite=False)
+        assert torch.equal(codec.encode(x.cuda()).payload.cpu(), codec.encode(x).payload)
 
 
 @one_gpu
