@@ -57,7 +57,7 @@ import torch
 from .base import Compressor, check_int
 from .bitpack import pack, packed_nbytes, unpack, unpack_host
 from .exact import host_values
-from .host import cumsum_host, host_payload, on_host
+from .host import host_payload, on_host
 from .kernels import hadamard_codes, unweighted_lloyd
 from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
@@ -253,10 +253,7 @@ def fit_levels_host(sample: np.ndarray, levels_n: int, iterations: int) -> np.nd
     """sample: [M] float32 (about unit RMS) -> [L] float32 sorted levels after Lloyd steps, from
     the normal's (each level moves to the mean of the values nearest it; it stops early when none
     moves; a level without values stays): compiled, ``kernels.unweighted_lloyd``."""
-    values = np.sort(sample)
-    prefix = np.zeros(values.size + 1)
-    cumsum_host(values.astype(np.float64), out=prefix[1:])  # sequential float64 sums, as torch's
-    return unweighted_lloyd(values, prefix, normal_levels(levels_n).numpy(), iterations)
+    return unweighted_lloyd(np.sort(sample), normal_levels(levels_n).numpy(), iterations)
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .packet import Packet
 
 __all__ = ["HOST_MAX", "COMPILED_MAX", "on_host", "compiled_on", "host_payload",
-           "new_host_payload", "lookup_host", "compiled_decode", "cumsum_host"]
+           "new_host_payload", "lookup_host", "compiled_decode"]
 
 #: Elements of a CPU tensor (16 KiB of float32) up to which codecs take the host path.
 HOST_MAX = 1 << 12
@@ -90,16 +90,3 @@ def lookup_host(table: torch.Tensor, packed: np.ndarray, bits: int, count: int) 
         values = table.numpy()
         return torch.from_numpy(lookup_codes(values, packed, bits, count, np.empty(count, dtype=values.dtype)))
     return torch.index_select(table, 0, torch.from_numpy(unpack_host(packed, bits, count)))
-
-
-#: Values up to which numpy's cumsum runs (torch's call costs a few microseconds more).
-_NUMPY_CUMSUM_MAX = 1 << 12
-
-
-def cumsum_host(a: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``np.cumsum(a, out=out)``, by torch's kernel above a few thousand values: the same
-    sequential float64 sums, ~4x faster on CPU at tens of thousands. a, out: [E] float64."""
-    if a.size <= _NUMPY_CUMSUM_MAX:
-        return np.cumsum(a, out=out)
-    torch.cumsum(torch.from_numpy(a), 0, out=torch.from_numpy(out))
-    return out

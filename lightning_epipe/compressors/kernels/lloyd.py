@@ -131,8 +131,9 @@ def lloyd_steps(points, weight, levels, fixed, iterations):  # pragma: no cover 
     of the sorted levels; prefix sums of the weights and of weight * point, summed in
     order); a level without points keeps its value; stops early when no level moves.
 
-    points: [E] float64 sorted; weight: [E] float64 > 0; levels: [L] float64 sorted;
-    fixed: [L] bool -> [L] float64 (a new array).
+    points: [E] float64 sorted; weight: [E] float64 > 0; levels: [L] float64 or float32 sorted
+    (float32: each cut the float32 sum halved, each mean rounded to float32 as it is stored);
+    fixed: [L] bool -> [L] of levels' dtype (a new array).
     """
     count = points.size
     weight_below = np.zeros(count + 1)
@@ -323,42 +324,22 @@ def lloydmax_codes(x, values, weights, levels_n, iterations, cell, pin_ends_from
 
 
 @jit
-def unweighted_lloyd(values, prefix, levels, iterations):  # pragma: no cover - compiled
-    """``hadamard``'s level fit: ``iterations`` Lloyd steps on sorted float32 ``values`` [M]
-    (``prefix`` [M + 1]: their float64 running sums) from float32 ``levels`` [L], in float32
-    cuts ``(a + b) / 2`` and float64 means rounded to float32; a level without values stays;
-    stops early when none moves -> [L] float32 (a new array)."""
-    n_levels = levels.size
-    levels = levels.copy()
-    moved = np.empty(n_levels, dtype=np.float32)
-    edges = np.zeros(n_levels + 1, dtype=np.int64)
-    edges[n_levels] = values.size
-    two = np.float32(2)
-    for _ in range(iterations):
-        for j in range(n_levels - 1):
-            edges[j + 1] = _rank_near(values, (levels[j + 1] + levels[j]) / two, max(edges[j], edges[j + 1]))
-        same = True
-        for j in range(n_levels):
-            count = edges[j + 1] - edges[j]
-            moved[j] = np.float32((prefix[edges[j + 1]] - prefix[edges[j]]) / count) if count else levels[j]
-            same &= moved[j] == levels[j]
-        if same:
-            break
-        levels, moved = moved, levels
-    return levels
+def unweighted_lloyd(values, levels, iterations):  # pragma: no cover - compiled
+    """``hadamard``'s level fit: ``lloyd_steps`` on sorted float32 ``values`` [M], each of weight
+    1, from float32 ``levels`` [L], none fixed -> [L] float32 (a new array). Its arithmetic is
+    float32 cuts ``(a + b) / 2`` (a float32 sum halved, exact in float64) and float64 means of
+    running sums in order, rounded to float32 where ``moved`` stores them."""
+    return lloyd_steps(values.astype(np.float64), np.ones(values.size), levels, np.zeros(levels.size, np.bool_),
+                       iterations)
 
 
 @jit
 def hadamard_codes(u, values, levels, iterations, out):  # pragma: no cover - compiled
     """``hadamard``'s host encode past the sort of its fit sample, one call: the levels fitted on
-    sorted ``values`` [M] float32 (``unweighted_lloyd`` from ``levels`` [L] float32, the running
-    sums summed in order) and each element of u [N] float32 coded as the number of float32 cuts
-    ``(a + b) / 2`` below it -> out [N] (uint8), written; returns the levels [L] float32."""
-    prefix = np.empty(values.size + 1)
-    prefix[0] = 0.0
-    for i in range(values.size):
-        prefix[i + 1] = prefix[i] + np.float64(values[i])
-    fitted = unweighted_lloyd(values, prefix, levels, iterations)
+    sorted ``values`` [M] float32 (``unweighted_lloyd``) and each element of u [N] float32 coded
+    as the number of float32 cuts ``(a + b) / 2`` below it -> out [N] (uint8), written; returns
+    the levels [L] float32."""
+    fitted = unweighted_lloyd(values, levels, iterations)
     cuts = np.empty(fitted.size - 1)
     two = np.float32(2)
     for j in range(cuts.size):
