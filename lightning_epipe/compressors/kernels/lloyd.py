@@ -22,6 +22,8 @@ __all__ = ["count_below", "lloyd_steps", "fit_levels_sorted", "tail_fit_values",
 
 #: Cuts a compare chain counts (``count_below``: padded to it); more take a guess table.
 _CHAIN_CUTS = 15
+#: The float64 bits of a first guess of x**(-1/3) are this minus x's bits / 3 (within 4%).
+_CUBE_ROOT_MAGIC = 0x553EF0FF289DD796
 #: Cells per cut of the guess table of ``count_below`` above ``_CHAIN_CUTS`` cuts (at most:
 #: fewer for a tensor of fewer than 64 elements a cut, 2 at least).
 _CELLS_PER_CUT = 16
@@ -237,14 +239,27 @@ def _density(mean, weight, cell, neighbours):  # pragma: no cover - compiled
 
 @jit
 def _scores(weight, density):  # pragma: no cover - compiled
-    """``weight * density**(-2/3)`` [E]: the power in float32 (a quantile target needs no more,
-    and ``powf`` costs about half of ``pow`` an element), in float64 where a density is
-    outside float32's normal range."""
-    scores = np.empty(weight.size)
-    power = np.float32(-2.0 / 3.0)
-    for i in range(weight.size):
+    """``weight * density**(-2/3)`` [E], density > 0: ``density**(-1/3)`` from a guess read off
+    the float64 bits (the exponent divided by -3) and three Newton steps ``r (4 - d r**3) / 3``
+    (relative error under 1e-9, where float32 ``powf`` had 1e-6 and took twice the time), the
+    power itself for a density outside (1e-30, 1e30)."""
+    n = weight.size
+    scores = np.empty(n)
+    guess = scores.view(np.int64)
+    bits = density.view(np.int64)
+    for i in range(n):
+        guess[i] = _CUBE_ROOT_MAGIC - bits[i] // 3
+    third = 1.0 / 3.0
+    for i in range(n):
+        d, r = density[i], scores[i]
+        r = r * (4.0 - d * r * r * r) * third
+        r = r * (4.0 - d * r * r * r) * third
+        r = r * (4.0 - d * r * r * r) * third
+        scores[i] = weight[i] * (r * r)
+    for i in range(n):
         d = density[i]
-        scores[i] = weight[i] * (np.float64(np.float32(d) ** power) if 1e-30 < d < 1e30 else d ** (-2.0 / 3.0))
+        if not 1e-30 < d < 1e30:
+            scores[i] = weight[i] * d ** (-2.0 / 3.0)
     return scores
 
 
