@@ -76,10 +76,10 @@ def test_torch_selection_and_host_selection_pick_the_same_positions(n):
     special[[1, 4, n // 2]] = torch.tensor([math.nan, -math.inf, math.nan])
     for values in (x, ties, special, torch.full((n,), 0.5)):
         for k in sorted({1, 3, n // 10 or 1, n // 2, n}):
-            host = np.empty(k, dtype=np.int64)
-            largest_positions(values.numpy(), k, host)
-            assert torch.equal(topk_module._largest(values, k), torch.from_numpy(host)), k
-            assert torch.equal(topk_module._largest(values.double(), k), torch.from_numpy(host)), k
+            chosen = np.empty(k, dtype=np.int64)
+            largest_positions(values.numpy(), k, chosen)
+            assert torch.equal(topk_module._largest(values, k), torch.from_numpy(chosen)), k
+            assert torch.equal(topk_module._largest(values.double(), k), torch.from_numpy(chosen)), k
 
 
 def test_unchecked_nan_is_kept_as_the_largest_on_both_paths(monkeypatch):

@@ -43,7 +43,7 @@ from .scans import min_max, quantize_codes, sampled_frequent_values
 from .selection import largest_positions
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "fit_levels_sorted", "hadamard_codes", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes",
-           "min_max", "pack_codes", "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values",
-           "sparse_decode", "sortquant_codes", "sortquant_payload", "sortquant_tables", "tail_fit_values", "unpack_codes",
-           "unweighted_lloyd"]
+           "fit_levels_sorted", "hadamard_codes", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps",
+           "lloydmax_codes", "lookup_codes", "min_max", "pack_codes", "quantize_codes", "repeated_sorted", "retag_run",
+           "sampled_frequent_values", "sparse_decode", "sortquant_codes", "sortquant_payload", "sortquant_tables",
+           "tail_fit_values", "unpack_codes", "unweighted_lloyd"]

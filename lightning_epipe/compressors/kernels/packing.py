@@ -235,7 +235,6 @@ def codebook_decode(raw, count, max_bits, out):  # pragma: no cover - compiled
     return 0
 
 
-
 @jit
 def sparse_decode(raw, count, out):  # pragma: no cover - compiled
     """A ``topk`` payload (prefix ``[dense][value_bits][index_bits][0][k u32]``, k values raw
