@@ -36,7 +36,7 @@ cells, ``SAMPLE`` elements, ``L`` levels):
 
 Tensors of at most ``SORTED_FIT_MAX`` elements take the host path: no grid, compiled
 (``kernels``); each distinct value of the sorted fit sample is a cell of its own (steps
-2-5 on the sorted values, ``fit_levels_host``) and each element is coded as its nearest
+2-5 on the sorted values, ``kernels.fit_levels_sorted``) and each element is coded as its nearest
 level. The fit sample
 (``fit_sample``) is the whole tensor up to the torch path's sample size (``256 L``, at least
 8192); above it, the torch path's strided sample for the bulk, each sampled value weighted
@@ -97,15 +97,14 @@ from .cache_blocks import cache_blocks
 from .exact import host_values
 from .grid import GRID, Grid, grid_size
 from .host import compiled_decode, compiled_on, host_payload, lookup_host
-from .kernels import codebook_decode, count_below, fit_levels_sorted, lloydmax_codes, tail_fit_values
-from .kernels import lloyd_steps as compiled_lloyd_steps
+from .kernels import codebook_decode, lloydmax_codes, tail_fit_values
 from .levels import F32_OVERFLOW
 from .sampling import fit_sample_size, strided_sample
 from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
 
 __all__ = ["LloydMax", "Grid", "fit_levels", "cell_codes", "lloydmax_nbytes", "GRID", "SAMPLE",
-           "SPIKE_SAMPLE", "NEIGHBOURS", "fit_levels_host", "lloyd_steps", "nearest"]
+           "SPIKE_SAMPLE", "NEIGHBOURS"]
 
 #: Elements sampled for the histogram at most (``256 L``; all of them for smaller tensors).
 SAMPLE = 1 << 16
@@ -197,7 +196,7 @@ class LloydMax(Compressor):
     def _encode_host(self, flat: torch.Tensor, x: np.ndarray) -> torch.Tensor:
         """The host path (``host.py``): x [N] float32/float64 numpy of flat -> payload.
 
-        No grid: the levels are fitted on sorted values themselves (``fit_levels_host``),
+        No grid: the levels are fitted on sorted values themselves (``kernels.fit_levels_sorted``),
         those of the whole tensor or, above ``fit_sample_size`` elements, a weighted sample
         with every far value (``fit_sample``); each element takes its nearest level, so the
         error of an element is at most its distance to the nearest level.
@@ -310,24 +309,6 @@ def fit_levels(sample: torch.Tensor, grid: Grid, levels_n: int, iterations: int,
     return levels, pinned
 
 
-def fit_levels_host(values: np.ndarray, levels_n: int, iterations: int,
-                    cell: float, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``fit_levels`` on the host for sorted values (all of a small tensor, or a sample
-    of it, ``fit_sample``): (levels [L] float64 sorted, pinned [L] bool).
-
-    values: [N] sorted, finite, not all equal; cell: the least span a density is taken
-    over (the torch path's cell width); weights: [N] float64, the elements each value
-    stands for (None: one each). Each distinct value is a cell of its own (its
-    count the weight), and the steps are those of ``fit_levels``: spikes (every value
-    holding 1/(2L) of the tensor, the most frequent L/2 at most, and from
-    ``PIN_ENDS_FROM`` levels the min and max) pinned, density-weighted initial levels,
-    then Lloyd steps (:func:`lloyd_steps`); compiled, one call (``kernels.fit_levels_sorted``).
-    """
-    if weights is None:
-        weights = np.ones(values.size)
-    return fit_levels_sorted(values, weights, levels_n, iterations, cell, PIN_ENDS_FROM, NEIGHBOURS)
-
-
 def _density(mean: torch.Tensor, weight: torch.Tensor, grid: Grid) -> torch.Tensor:
     """[E] sampled values per unit around each non-empty cell: the count of the cells
     within ``NEIGHBOURS`` on either side over the span of their means (at least a cell).
@@ -391,22 +372,6 @@ def cell_codes(codebook: torch.Tensor, pinned: torch.Tensor, grid: Grid) -> torc
     return torch.where(spike_code >= 0, spike_code, code).to(torch.uint8)
 
 
-def lloyd_steps(points: np.ndarray, weight: np.ndarray, levels: np.ndarray,
-                fixed: np.ndarray | None, iterations: int) -> np.ndarray:
-    """Weighted Lloyd steps: each level not ``fixed`` moves to the mean of the points
-    nearest to it (boundaries at the midpoints of the levels, prefix sums: O(L log E) a
-    step); stops early when no level moves. A level without points keeps its value.
-    Compiled (``kernels.lloyd_steps``): every step in one call.
-
-    points: [E] sorted; weight: [E] > 0; levels: [L] float64 sorted; fixed: [L] bool or
-    None -> [L] float64.
-    """
-    fixed = np.zeros(levels.size, dtype=np.bool_) if fixed is None else fixed
-    return compiled_lloyd_steps(np.ascontiguousarray(points, dtype=np.float64),
-                                np.ascontiguousarray(weight, dtype=np.float64), levels.astype(np.float64), fixed,
-                                iterations)
-
-
 #: Ranks at either end of the sorted fit sample past which a tensor's values all enter the
 #: fit (``fit_sample``): ~0.2% of a tensor at each end for a sample of 8192.
 TAIL_RANKS = 16
@@ -427,10 +392,3 @@ def fit_sample(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray | None]
     values, weights, nan = tail_fit_values(x, np.sort(strided_sample(x, size)), TAIL_RANKS)  # compiled, one pass
     return (np.sort(x), None) if nan else (values, weights)
 
-
-def nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """x: [N] -> [N] index of the nearest of the sorted ``levels`` [L] (ties to the lower),
-    i.e. the number of midpoints below each value (``kernels.count_below``: one compiled
-    pass; NaN past every one): uint8 for L <= 256, else int32."""
-    cuts = (levels[1:] + levels[:-1]) / 2                                        # [L-1]
-    return count_below(x, cuts, np.empty(x.size, dtype=np.uint8 if levels.size <= 256 else np.int32))

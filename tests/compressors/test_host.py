@@ -8,8 +8,8 @@ from lightning_epipe.compressors import NonFiniteError, Packet, bitpack, get_com
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
 from lightning_epipe.compressors.exact import host_values
 from lightning_epipe.compressors.levels import f32
-from lightning_epipe.compressors.lloydmax import TAIL_RANKS, fit_levels_host, fit_sample, lloyd_steps, nearest
-from lightning_epipe.compressors.kernels import sortquant_codes
+from lightning_epipe.compressors.lloydmax import NEIGHBOURS, PIN_ENDS_FROM, TAIL_RANKS, fit_sample
+from lightning_epipe.compressors.kernels import count_below, fit_levels_sorted, lloyd_steps, sortquant_codes
 from lightning_epipe.compressors.sortquant import _starts
 
 from .cases import codec_id
@@ -162,9 +162,9 @@ def test_lloydmax_fit_sample_takes_every_tail_value_and_the_ends():
 def test_lloydmax_weights_count_as_repeats():
     values = np.array([0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 5.0, 9.0, 9.0, 10.0])
     for levels_n in (2, 4, 16):
-        plain = fit_levels_host(values, levels_n, 8, 1e-3)
-        weighted = fit_levels_host(np.unique(values), levels_n, 8, 1e-3,
-                                   np.unique(values, return_counts=True)[1].astype(np.float64))
+        plain = fit_levels_sorted(values, np.ones(values.size), levels_n, 8, 1e-3, PIN_ENDS_FROM, NEIGHBOURS)
+        weighted = fit_levels_sorted(np.unique(values), np.unique(values, return_counts=True)[1].astype(np.float64),
+                                     levels_n, 8, 1e-3, PIN_ENDS_FROM, NEIGHBOURS)
         assert np.array_equal(plain[0], weighted[0]) and np.array_equal(plain[1], weighted[1])
 
 
@@ -228,7 +228,7 @@ def test_cuda_tensors_and_large_ones_take_the_torch_path():
 
 def test_lloyd_steps_and_nearest():
     points = np.array([0.0, 1.0, 2.0, 10.0, 11.0])
-    levels = lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), None, 10)
+    levels = lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), np.zeros(2, dtype=bool), 10)
     assert np.allclose(levels, [1.0, 10.5])
     fixed = lloyd_steps(points, np.ones(5), np.array([0.0, 5.0]), np.array([True, False]), 10)
     assert fixed[0] == 0.0
@@ -236,6 +236,11 @@ def test_lloyd_steps_and_nearest():
                         np.array([0.0, 1.0, 2.0])).tolist() == [0, 0, 1, 2]
     many = np.arange(100.0)
     assert np.array_equal(nearest(np.array([3.2, 50.5, 99.0]), many), [3, 50, 99])
+
+
+def nearest(x: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """The index of the nearest of the sorted ``levels`` (ties to the lower): the cuts below."""
+    return count_below(x, (levels[1:] + levels[:-1]) / 2, np.empty(x.size, dtype=np.int32))
 
 
 def test_f32_rounds_as_numpy_float32_overflow_and_nan_included():

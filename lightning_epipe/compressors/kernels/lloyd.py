@@ -166,7 +166,7 @@ def lloyd_steps(points, weight, levels, fixed, iterations):  # pragma: no cover 
 @jit
 def fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from,
                       neighbours):  # pragma: no cover - compiled
-    """``lloydmax``'s host fit in one call (``lloydmax.fit_levels_host``): values [N] sorted,
+    """``lloydmax``'s host fit in one call (``lloydmax._encode_host``): values [N] sorted,
     finite, not all equal; weights [N] float64 (the elements each value stands for)
     -> (levels [L] float64 sorted, pinned [L] bool).
 
