@@ -98,6 +98,16 @@ class TinyNet(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
 
+class ShrinkAfterStep(TinyNet):
+    """TinyNet whose own ``optimizer_step`` hook scales every weight by 0.9 after the optimizer's step."""
+
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.mul_(0.9)
+
+
 def loader(batch_size: int) -> DataLoader:
     return DataLoader(make_data(), batch_size=batch_size, shuffle=False)
 
@@ -117,9 +127,9 @@ def fp16_mixed(init_scale: float, device: str = "cpu") -> MixedPrecision:
 
 
 def reference(steps: int, batch_size: int, clip: float | None = None, accumulate: int = 1,
-              fp16_scale: float | None = None, precision: str = "32-true", **model_kwargs) -> TinyNet:
-    """The same training in one process without EPipeStrategy."""
-    model = TinyNet(**model_kwargs)
+              fp16_scale: float | None = None, precision: str = "32-true", shrink: bool = False, **model_kwargs) -> TinyNet:
+    """The same training in one process without EPipeStrategy (``shrink``: :class:`ShrinkAfterStep`)."""
+    model = (ShrinkAfterStep if shrink else TinyNet)(**model_kwargs)
     precision_args = {"plugins": [fp16_mixed(fp16_scale)]} if fp16_scale else {"precision": precision}
     trainer = L.Trainer(devices=1, gradient_clip_val=clip, accumulate_grad_batches=accumulate, **precision_args,
                         **trainer_kwargs(steps))
@@ -142,7 +152,9 @@ class PrintStartedAhead(L.Callback):
     """Every rank prints how many training steps it started ahead of Lightning's (servers only)."""
 
     def on_train_end(self, trainer, pl_module):
-        print(f"rank {trainer.global_rank} started {trainer.strategy._steps.steps_started_ahead} steps ahead", flush=True)
+        steps = trainer.strategy._steps
+        print(f"rank {trainer.global_rank} started {steps.steps_started_ahead} steps ahead"
+              f" ({steps.started_at_optimizer_step} at the optimizer step)", flush=True)
 
 
 class PrintCores(L.Callback):
@@ -300,6 +312,7 @@ def main() -> None:
     p.add_argument("--no-start-ahead", action="store_true", help="EPipeStrategy(start_ahead=False)")
     p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-seconds before each optimizer step")
     p.add_argument("--slow-seconds", type=float, default=0.1)
+    p.add_argument("--shrink", action="store_true", help="the module's own optimizer_step scales the weights after the step")
     args = p.parse_args()
 
     strategy = EPipeStrategy(
@@ -314,7 +327,7 @@ def main() -> None:
     if args.manual_clip:
         algorithm, value = args.manual_clip.split(":")
         manual_clip = (algorithm, float(value))
-    model = TinyNet(optimizer=args.optimizer, manual=args.manual, manual_clip=manual_clip)
+    model = (ShrinkAfterStep if args.shrink else TinyNet)(optimizer=args.optimizer, manual=args.manual, manual_clip=manual_clip)
     if args.balance == "time":
         model.example_input_array = torch.zeros(8, 16)
     if args.compressor == "bottleneck":  # real samples: the bottlenecks start from their PCA
