@@ -8,25 +8,31 @@ L2 error where ``quantize`` 4 loses half the signal.
 
 Encode, for N elements cut into R = ceil(N / n) blocks of n = ``block`` (zero padded):
 
-1. Rotate: ``z = H (s * x)`` per block, H the orthonormal n x n Walsh-Hadamard matrix
-   (as Kronecker factors of at most 64 x 64), s random signs drawn from a seed that the packet carries;
-   a new seed per encode (``seed`` + the stream's encode count), so errors do not repeat.
-0. Normalize: ``x * 2**-e`` with ``max |x| < 2**e`` (exact), so no sum can overflow.
-2. Scale: each block by its RMS ``sigma_r`` (rounded to bfloat16 first, so the decoder
-   multiplies by exactly what the encoder divided by); an all-zero block keeps scale 0.
+0. Normalize: ``float32(x * 2**-e)`` with ``max |x| < 2**e`` (the exact product, rounded
+   once; ``e >= MIN_EXPONENT``), so no sum can overflow.
+1. Rotate: ``z = H (s * x)`` per block, H the orthonormal n x n Walsh-Hadamard matrix as
+   ``log2(n)`` float32 butterfly stages and one product by ``1 / sqrt(n)``
+   (:func:`hadamard_transform`), s random signs of a seed that the packet carries (bit 63 of
+   splitmix64 of ``seed * 2**32 + position``: the same on every device, machine and torch
+   version); a new seed per encode (``seed`` + the stream's encode count), so errors do not repeat.
+2. Scale: each block by its RMS ``sigma_r``, the float32 sum of its squares by halves, rounded
+   to bfloat16 (so the decoder multiplies by exactly what the encoder divided by); an
+   all-zero block keeps scale 0.
 3. Levels: ``2**bits`` Lloyd-Max levels fitted to a strided sample of ``z / sigma`` by
    ``iterations`` Lloyd steps, from the optimal levels of a standard normal.
 4. Code: the index of the nearest level, packed exactly (``bitpack``).
 
-Decode: ``x = 2**e * s * H (sigma_r * level[code])`` (H is its own inverse), cropped to N
-and clamped to the dtype's finite range.
+Decode: ``x = 2**e * s * H (sigma_r * level[code])`` (H is its own inverse), cropped to N,
+the product by ``2**e`` in float64 and clamped to the dtype's finite range.
 
-The levels are fitted on the host, compiled, on every path (``fit_levels_host``: the fit
-sample is read there once, not a few kernels and a synchronization per Lloyd step on an
-accelerator). A finite CPU tensor of at most ``host.HOST_MAX`` elements also finds its codes
-on the host (``host.py``), the fit and codes in one compiled call past numpy's sort of the
-sample (``kernels.hadamard_codes``): the same payload bit for bit, in a few calls instead of a
-few dozen; the rotation stays a torch product on every path.
+Every step is a float32 operation whose result is correctly rounded on every device (sums,
+differences, products by one constant, a square root), in one order, so the paths agree bit
+for bit: the levels are fitted on the host, compiled, on every path (``fit_levels_host``); a
+finite CPU tensor of at most ``host.HOST_MAX`` elements is encoded in two compiled calls
+around numpy's sort of the fit sample (``kernels.hadamard_rotate``: steps 0-2;
+``kernels.hadamard_codes``: 3-4), and a CPU packet of at most ``host.COMPILED_MAX``
+elements is checked and decoded in one (``kernels.hadamard_decode``); other tensors take
+torch's ops.
 
 Payload (little-endian)::
 
@@ -54,11 +60,14 @@ import math
 import numpy as np
 import torch
 
+from . import host
 from .base import Compressor, check_int
-from .bitpack import pack, packed_nbytes, unpack, unpack_host
+from .bitpack import pack, packed_nbytes, unpack
 from .exact import host_values
 from .host import host_payload, on_host
-from .kernels import hadamard_codes, unweighted_lloyd
+from .kernels import (exponent_factors, fwht_rows, hadamard_codes, hadamard_decode, hadamard_rotate, hadamard_signs,
+                      transform_scale, unweighted_lloyd)
+from .kernels.rotation import NONFINITE
 from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
 from .sampling import fit_sample_size
@@ -69,7 +78,9 @@ _META = 16
 #: Values of z / sigma sampled for the Lloyd fit at most (``256 L``; all of them for smaller tensors).
 SAMPLE = 1 << 16
 MAX_LOG2_BLOCK = 16
-_FACTOR = 64
+#: The smallest normalizing exponent: a float64 tensor whose largest value is under ``2**-1000``
+#: is scaled by ``2**1000`` (its values stay under 1, and the factor is finite).
+MIN_EXPONENT = -1000
 
 
 def hadamard_nbytes(numel: int, block: int, bits: int) -> int:
@@ -131,23 +142,25 @@ class HadamardQuant(Compressor):
     def _encode(self, x: torch.Tensor) -> torch.Tensor:
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         flat = x.reshape(-1).to(work)
+        seed = (self.seed + self._encodes) % (1 << 31)
+        n, levels_n = self.block, 1 << self.bits
+        if on_host(flat.numel(), x.device):  # finite: the host path; else the checks below
+            payload = _encode_host(seed, flat.numpy(), n, self.bits, self.iterations)
+            if payload is not None:
+                self._encodes += 1
+                return payload
         top = float(flat.abs().max())                                             # NaN or Inf if any is
         self.raise_if_nonfinite(flat, probe=top)
-        exponent = math.frexp(top)[1]                                             # max |x| < 2**exponent
-        seed = (self.seed + self._encodes) % (1 << 31)
+        exponent = max(math.frexp(top)[1], MIN_EXPONENT)                          # max |x| < 2**exponent
         self._encodes += 1
-        n, levels_n = self.block, 1 << self.bits
         rows = -(-flat.numel() // n)
+        meta = (seed, n.bit_length() - 1, self.bits, exponent)
         blocks = torch.zeros(rows * n, dtype=torch.float32, device=x.device)
-        blocks[: flat.numel()] = torch.ldexp(flat, flat.new_tensor(-exponent))  # exact, |.| < 1
-        blocks = blocks.view(rows, n) * random_signs(seed, n, x.device)
-        z = hadamard_transform(blocks)                                            # [R, n]
-        sigma = z.square().mean(dim=1).sqrt().to(torch.bfloat16)                  # [R], <= 1
+        blocks[: flat.numel()] = _normalized(flat, 2.0 ** -exponent)              # |.| < 1
+        z = hadamard_transform(blocks.view(rows, n) * random_signs(seed, n, x.device))  # [R, n]
+        sigma = _block_rms(z).to(torch.bfloat16)                                  # [R], <= 1
         safe = torch.where(sigma > 0, sigma, 1).float()
         u = (z / safe[:, None]).view(-1)                                          # [R * n]
-        meta = (seed, n.bit_length() - 1, self.bits, exponent)
-        if on_host(flat.numel(), x.device) and math.isfinite(top):
-            return _codes_host(meta, u.numpy(), sigma, self.bits, self.iterations)
         sample = host_values(_sample(u, fit_sample_size(levels_n, SAMPLE)))       # [M], one read
         levels = torch.from_numpy(fit_levels_host(sample, levels_n, self.iterations)).to(u.device)  # [L]
         codes = _nearest(u, levels)
@@ -159,6 +172,9 @@ class HadamardQuant(Compressor):
         ])
 
     def _decode(self, packet: Packet) -> torch.Tensor:
+        decoded = _decode_host(packet)
+        if decoded is not None:
+            return decoded
         payload, numel = packet.payload, packet.shape.numel()
         self.expect_packet(packet, payload.numel() >= _META, f"payload shorter than its {_META}-byte prefix")
         seed, log2_block, bits, exponent = host_bytes(payload, _META).view("<i4").tolist()
@@ -172,51 +188,70 @@ class HadamardQuant(Compressor):
                      f"{bits}-bit codes in blocks of {n} take {expected} payload bytes")
         at = _META + 4 * levels_n
         sigma = bytes_as(payload[at: at + 2 * rows], torch.bfloat16).float()
-        if on_host(numel, payload.device):  # numpy checks and gather: a few calls, not a few dozen
-            raw = payload.numpy()
-            levels, scales = raw[_META:at].view("<f4"), sigma.numpy()
-            valid = bool(np.isfinite(levels).all() and (scales >= 0).all() and (scales <= 1).all())
-            codes = unpack_host(raw[at + 2 * rows:], bits, rows * n)
-            z = torch.from_numpy(np.take(levels, codes, mode="clip").reshape(rows, n) * scales[:, None])
-        else:
-            levels = bytes_as(payload[_META:at], torch.float32)
-            valid = bool(torch.isfinite(levels).all() and (sigma >= 0).all() and (sigma <= 1).all())
-            codes = unpack(payload[at + 2 * rows:], bits, rows * n).long()
-            z = levels[codes].view(rows, n) * sigma[:, None]
+        levels = bytes_as(payload[_META:at], torch.float32)
+        valid = bool(torch.isfinite(levels).all() and (sigma >= 0).all() and (sigma <= 1).all())
         self.expect_packet(packet, valid, "levels not finite or scales outside [0, 1]")
+        codes = unpack(payload[at + 2 * rows:], bits, rows * n).long()
+        z = levels[codes].view(rows, n) * sigma[:, None]
         x = (hadamard_transform(z) * random_signs(seed, n, payload.device)).view(-1)[:numel]
-        work = torch.float64 if packet.dtype == torch.float64 else torch.float32
-        x = torch.ldexp(x.to(work), torch.tensor(exponent, dtype=work, device=x.device))
         top = torch.finfo(packet.dtype).max  # rounding must not turn a finite input into Inf
-        return x.clamp_(-top, top).to(packet.dtype).reshape(packet.shape)
+        return _denormalized(x, exponent, packet.dtype).clamp_(-top, top).to(packet.dtype).reshape(packet.shape)
 
 
 def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
     """x: [R, n] float, n a power of two -> H x per row, H orthonormal (its own inverse).
 
-    ``H_n = H_a (x) H_b`` (Sylvester): a matrix product with H of at most 64 x 64 per factor,
-    fast axis first, so n = 256 costs two small products, not eight passes of adds.
+    ``log2(n)`` butterfly stages, ``(a + b, a - b)`` of elements ``h`` apart within each ``2h``
+    for h = 1, 2, ..., n / 2, then a product by ``1 / sqrt(n)`` (float32 for float32 x): a CPU
+    float32 tensor in one compiled call (``kernels.fwht_rows``: one core, each block in cache,
+    several times faster than torch's ops on every core), others in torch ops; the same values
+    bit for bit.
     """
     rows, n = x.shape
-    inner = 1
-    while inner < n:
-        f = min(_FACTOR, n // inner)
-        h = _matrix(f, x.dtype, x.device)
-        if inner == 1:
-            x = (x.reshape(-1, f) @ h).reshape(rows, n)
-        else:
-            x = (h @ x.reshape(-1, f, inner)).reshape(rows, n)
-        inner *= f
-    return x
+    if _transforms_compiled(x):
+        z = x.reshape(-1).numpy().copy()
+        fwht_rows(z, n, np.float32(transform_scale(n)))
+        return torch.from_numpy(z).view(rows, n)
+    h = 1
+    while h < n:
+        pairs = x.reshape(rows, n // (2 * h), 2, h)
+        first, second = pairs[:, :, 0], pairs[:, :, 1]
+        x = torch.stack((first + second, first - second), dim=2)
+        h *= 2
+    return x.reshape(rows, n) * (transform_scale(n) if x.dtype == torch.float32 else 1 / math.sqrt(n))
 
 
-@functools.lru_cache(maxsize=64)
-def _matrix(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The orthonormal Sylvester-Hadamard matrix [n, n] (symmetric)."""
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return (h / math.sqrt(n)).to(dtype=dtype, device=device)
+def _transforms_compiled(x: torch.Tensor) -> bool:
+    """Whether :func:`hadamard_transform` runs the compiled loops on x (CPU float32)."""
+    return x.device.type == "cpu" and x.dtype == torch.float32
+
+
+def _normalized(flat: torch.Tensor, factor: float) -> torch.Tensor:
+    """flat [N] float32/float64 -> [N] float32 ``flat * factor`` (a power of two), rounded once
+    from the exact product, as ``kernels.hadamard_rotate`` computes it."""
+    if flat.dtype == torch.float32 and factor <= 2.0 ** 126:
+        return flat * factor  # a float32 factor: the float32 product is the exact one rounded
+    return (flat.double() * factor).float()
+
+
+def _denormalized(x: torch.Tensor, exponent: int, dtype: torch.dtype) -> torch.Tensor:
+    """x [N] float32 -> ``x * 2**exponent``: in float64 as ``x * 2**(e // 2) * 2**(e - e // 2)``
+    (``kernels.hadamard_decode``'s), or in float32 for a float32 result where ``2**e`` is a
+    float32 (the exact product rounded once to float32 either way)."""
+    if dtype == torch.float32 and -149 <= exponent <= 127:
+        return x * math.ldexp(1.0, exponent)
+    first, second = exponent_factors(exponent)
+    return x.double() * first * second
+
+
+def _block_rms(z: torch.Tensor) -> torch.Tensor:
+    """z: [R, n] float32 -> [R] float32 ``sqrt(s / n)``, ``s`` the sum of squares by halves (a
+    row's first half plus its second, again, down to one): ``kernels.hadamard_rotate``'s order."""
+    squares = z.square()
+    while squares.shape[1] > 1:
+        half = squares.shape[1] // 2
+        squares = squares[:, :half] + squares[:, half:]
+    return (squares[:, 0] / z.shape[1]).sqrt()
 
 
 def _nearest(u: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
@@ -231,22 +266,44 @@ def _nearest(u: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
 
 
 def random_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
-    """[n] float32 of +-1 from ``seed``, drawn on the CPU: equal on every device and machine."""
-    generator = torch.Generator().manual_seed(seed)
-    bits = torch.randint(0, 2, (n,), generator=generator, dtype=torch.int64)
-    return (1 - 2 * bits).float().to(device)
+    """[n] float32 of +-1 from ``seed``, drawn on the host by a counter hash
+    (``kernels.hadamard_signs``): equal on every device, machine and torch version."""
+    signs = np.empty(n, dtype=np.float32)
+    hadamard_signs(seed, signs)
+    return torch.from_numpy(signs).to(device)
 
 
-def _codes_host(meta: tuple[int, ...], u: np.ndarray, sigma: torch.Tensor, bits: int, iterations: int) -> torch.Tensor:
-    """The host path's levels, codes and payload (``host.py``), bit for bit the torch path's:
-    past numpy's sort of the fit sample, one compiled call (``kernels.hadamard_codes``).
-    u: [R * n] float32, finite; sigma: [R] bfloat16 -> uint8 payload."""
-    levels_n = 1 << bits
+def _encode_host(seed: int, x: np.ndarray, n: int, bits: int, iterations: int) -> torch.Tensor | None:
+    """The host path's encode (``host.py``), bit for bit the torch path's: the exponent,
+    rotation and scales in one compiled call (``kernels.hadamard_rotate``), numpy's sort of the
+    fit sample, the fit and codes in another (``kernels.hadamard_codes``).
+    x: [N] float32/float64 -> uint8 payload, or None where x holds NaN or Inf."""
+    levels_n, rows = 1 << bits, -(-x.size // n)
+    u = np.empty(rows * n, dtype=np.float32)                                      # [R * n] z / sigma
+    sigma = np.empty(rows, dtype=np.uint16)                                       # [R] bfloat16 bits
+    exponent = hadamard_rotate(x, seed, n, np.float32(transform_scale(n)), MIN_EXPONENT, u, sigma)
+    if exponent == NONFINITE:
+        return None
     values = np.sort(_sample(u, fit_sample_size(levels_n, SAMPLE)))               # [M]
     codes = np.empty(u.size, dtype=np.uint8)                                      # [R * n] _nearest's codes
     levels = hadamard_codes(u, values, normal_levels(levels_n).numpy(), iterations, codes)  # [L]
-    head = np.array(meta, dtype="<i4").tobytes() + levels.tobytes() + sigma.view(torch.uint8).numpy().tobytes()
+    head = (np.array((seed, n.bit_length() - 1, bits, exponent), dtype="<i4").tobytes() + levels.tobytes()
+            + sigma.astype("<u2", copy=False).tobytes())
     return host_payload(head, codes, bits)
+
+
+def _decode_host(packet: Packet) -> torch.Tensor | None:
+    """A CPU packet of up to ``host.COMPILED_MAX`` elements checked and decoded in one compiled
+    call (``kernels.hadamard_decode``), the torch path's values bit for bit; None where it does
+    not apply or the payload is wrong (the torch path's checks then word what is wrong)."""
+    numel, dtype = packet.shape.numel(), packet.dtype
+    if not host.compiled_on(numel, packet.payload.device):
+        return None
+    out = np.empty(numel, dtype=np.float32 if dtype == torch.float32 else np.float64)
+    top = float(torch.finfo(dtype).max)
+    if hadamard_decode(packet.payload.numpy(), numel, -top, top, out) != 0:
+        return None
+    return torch.from_numpy(out).to(dtype).reshape(packet.shape)
 
 
 def fit_levels_host(sample: np.ndarray, levels_n: int, iterations: int) -> np.ndarray:

@@ -1,10 +1,12 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import HadamardQuant, Packet, PacketError, get_compressor, hadamard, host
-from lightning_epipe.compressors.hadamard import hadamard_nbytes, hadamard_transform, normal_levels
+from lightning_epipe.compressors import HadamardQuant, Packet, PacketError, get_compressor, hadamard, host, kernels
+from lightning_epipe.compressors.hadamard import hadamard_nbytes, hadamard_transform, normal_levels, random_signs
+from lightning_epipe.compressors.kernels.rotation import NONFINITE
 from lightning_epipe.compressors.packet import header_nbytes
 
 
@@ -36,6 +38,75 @@ def test_transform_is_the_orthonormal_walsh_hadamard_matrix_and_its_own_inverse(
     y = hadamard_transform(x)
     torch.testing.assert_close(y, x @ sylvester(n).double())
     torch.testing.assert_close(hadamard_transform(y), x)
+
+
+def _stage_by_stage(x: np.ndarray, n: int) -> np.ndarray:
+    """The transform's definition in float32: butterflies h = 1, 2, ..., n / 2, then the scale."""
+    z = x.reshape(-1, n).copy()
+    h = 1
+    while h < n:
+        pairs = z.reshape(z.shape[0], n // (2 * h), 2, h)
+        z = np.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), axis=2).reshape(-1, n)
+        h *= 2
+    return (z * np.float32(1 / math.sqrt(n))).reshape(-1)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64, 128, 256, 512, 4096])
+def test_compiled_and_torch_transforms_are_the_float32_butterflies_bit_for_bit(n, monkeypatch):
+    x = torch.randn(3, n) * torch.logspace(-30, 30, 3 * n).view(3, n)  # magnitudes far apart: rounding shows
+    compiled = hadamard_transform(x)
+    expected = _stage_by_stage(x.numpy(), n)
+    assert np.array_equal(compiled.reshape(-1).numpy().view(np.uint32), expected.view(np.uint32))
+    monkeypatch.setattr(hadamard, "_transforms_compiled", lambda x: False)  # torch's ops, as on an accelerator
+    assert torch.equal(hadamard_transform(x).view(torch.int32), compiled.view(torch.int32))
+    torch.testing.assert_close(compiled.double(), x.double() @ sylvester(n).double(), rtol=1e-5, atol=1e-5 * float(x.abs().max()))
+
+
+def _splitmix64_sign(seed: int, i: int) -> float:
+    mask = (1 << 64) - 1
+    z = ((seed << 32) + i + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return 1.0 - 2.0 * ((z ^ (z >> 31)) >> 63)
+
+
+def test_signs_are_splitmix64s_top_bit_of_seed_and_position():
+    for seed in (0, 1, 12345, (1 << 31) - 1):
+        signs = random_signs(seed, 300, torch.device("cpu"))
+        assert signs.tolist() == [_splitmix64_sign(seed, i) for i in range(300)]
+    many = random_signs(7, 1 << 16, torch.device("cpu"))
+    assert abs(float(many.sum())) < 1000 and not torch.equal(random_signs(8, 300, torch.device("cpu")), many[:300])
+
+
+@pytest.mark.parametrize("x", [
+    torch.randn(3000) * 1e-42,                                 # float32 subnormals: 2**-e past float32's range
+    torch.randn(3000, dtype=torch.float64) * 1e-310,           # float64 subnormals: the exponent clamped
+    torch.randn(3000, dtype=torch.float64) * 1e307,            # 2**e past float64's range at decode
+    torch.full((3000,), 3.0e38),                               # float32's largest values
+    torch.cat([torch.zeros(2000), torch.randn(1000)]),         # zero blocks: scale 0
+], ids=["f32-subnormal", "f64-subnormal", "f64-huge", "f32-max", "zero-blocks"])
+def test_extreme_magnitudes_write_and_decode_the_same_on_both_paths(x, monkeypatch):
+    fast = HadamardQuant(bits=4).encode(x)
+    decoded = HadamardQuant(bits=4).decode(fast)
+    with monkeypatch.context() as m:
+        m.setattr(host, "HOST_MAX", -1)
+        m.setattr(host, "COMPILED_MAX", -1)
+        m.setattr(hadamard, "_transforms_compiled", lambda x: False)
+        slow = HadamardQuant(bits=4).encode(x)
+        assert torch.equal(HadamardQuant(bits=4).decode(slow), decoded)
+    assert torch.equal(fast.payload, slow.payload)
+    assert torch.isfinite(decoded).all()
+    unit = x.double() / x.double().abs().max()
+    assert float((decoded.double() / x.double().abs().max() - unit).norm() / unit.norm()) < 0.11
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("at", [0, 1500, 2999])
+def test_rotation_reports_nan_and_inf_anywhere(bad, at):
+    x = np.random.default_rng(at).standard_normal(3000).astype(np.float32)
+    x[at] = bad
+    u, sigma = np.empty(3072, dtype=np.float32), np.empty(12, dtype=np.uint16)
+    assert kernels.hadamard_rotate(x, 0, 256, np.float32(1 / 16), -1000, u, sigma) == NONFINITE
 
 
 def test_normal_levels_are_max_1960():
@@ -139,8 +210,14 @@ def test_scale_outside_zero_one_is_a_packet_error(n):
 
 def test_small_finite_cpu_tensors_take_the_host_path(monkeypatch):
     calls = []
-    real = hadamard._codes_host
-    monkeypatch.setattr(hadamard, "_codes_host", lambda *args: calls.append(1) or real(*args))
+    real = hadamard._encode_host
+
+    def host_encode(*args):  # counts the payloads the host path wrote
+        payload = real(*args)
+        calls.extend([1] if payload is not None else [])
+        return payload
+
+    monkeypatch.setattr(hadamard, "_encode_host", host_encode)
     HadamardQuant(bits=4).encode(torch.randn(host.HOST_MAX))
     assert calls == [1]
     HadamardQuant(bits=4).encode(torch.randn(host.HOST_MAX + 1))

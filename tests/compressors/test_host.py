@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import NonFiniteError, Packet, bitpack, get_compressor, host, lloydmax, sortquant
+from lightning_epipe.compressors import NonFiniteError, Packet, bitpack, get_compressor, hadamard, host, lloydmax, sortquant
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
 from lightning_epipe.compressors.exact import host_values
 from lightning_epipe.compressors.levels import f32
@@ -44,6 +44,7 @@ def torch_path(monkeypatch) -> None:
     monkeypatch.setattr(lloydmax, "SORTED_FIT_MAX", -1)
     monkeypatch.setattr(sortquant, "EXACT_BELOW", -1)
     monkeypatch.setattr(sortquant, "EXACT_BELOW_OTHERWISE", -1)
+    monkeypatch.setattr(hadamard, "_transforms_compiled", lambda x: False)
 
 
 def host_threshold(codec: str) -> int:

@@ -22,7 +22,8 @@ definition:
   ``sortquant_codes``);
 - ``lloyd``: ``lloydmax``'s fit sample, fit and each element's nearest level; ``hadamard``'s fit
   and codes;
-- ``selection``: ``topk``'s positions of the largest magnitudes (``largest_positions``).
+- ``selection``: ``topk``'s positions of the largest magnitudes (``largest_positions``);
+- ``rotation``: ``hadamard``'s signs, transform, block scales and whole decode.
 
 They are compiled on first use and cached on disk (``cache=True``: a process after the
 first loads them from there), release the GIL, and run on one core: callers keep torch's
@@ -37,13 +38,15 @@ from .levels_encode import (CHAIN_BUCKETS, bucket_code, bucket_codes, levels_pay
                             sortquant_codes, sortquant_payload, sortquant_tables)
 from .lloyd import (count_below, fit_levels_sorted, hadamard_codes, lloyd_steps, lloydmax_codes, tail_fit_values,
                     unweighted_lloyd)
+from .rotation import exponent_factors, fwht_rows, hadamard_decode, hadamard_rotate, hadamard_signs, transform_scale
 from .packing import (LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, sparse_decode,
                       unpack_codes)
 from .scans import min_max, quantize_codes, sampled_frequent_values
 from .selection import largest_positions
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "fit_levels_sorted", "hadamard_codes", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps",
+           "exponent_factors", "fit_levels_sorted", "fwht_rows", "hadamard_codes", "hadamard_decode", "hadamard_rotate",
+           "hadamard_signs", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps",
            "lloydmax_codes", "lookup_codes", "min_max", "pack_codes", "quantize_codes", "repeated_sorted", "retag_run",
            "sampled_frequent_values", "sparse_decode", "sortquant_codes", "sortquant_payload", "sortquant_tables",
-           "tail_fit_values", "unpack_codes", "unweighted_lloyd"]
+           "tail_fit_values", "transform_scale", "unpack_codes", "unweighted_lloyd"]

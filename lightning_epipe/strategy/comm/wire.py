@@ -24,7 +24,7 @@ __all__ = ["Kind", "Direction", "Flag", "BARE_BIT", "REQUIRES_GRAD_BIT", "RESIZE
            "host_checksum", "command_name"]
 
 MAGIC = 0x45504950  # "EPIP"
-VERSION = 7  # 7: host data streams on connections of their own (socket_streams); 6: commands on a connection of their own (command_channel); 5: an input message holds `arg` micro-batches (no WHOLE_BATCH flag); 4: CLIP_GRADIENTS (3: every training batch starts with BATCH_START or STOP; 2: payload checksums are XXH3-64; 1: CRC32)
+VERSION = 8  # 8: hadamard's signs by a counter hash, its transform by butterflies (kernels/rotation); 7: host data streams on connections of their own (socket_streams); 6: commands on a connection of their own (command_channel); 5: an input message holds `arg` micro-batches (no WHOLE_BATCH flag); 4: CLIP_GRADIENTS (3: every training batch starts with BATCH_START or STOP; 2: payload checksums are XXH3-64; 1: CRC32)
 HEADER_LEN = 12
 HEADER_NBYTES = 8 * HEADER_LEN  # 96: a frame's header, a multiple of 8 so payloads stay aligned
 _HEADER = struct.Struct(f"={HEADER_LEN}q")  # native int64s, as the tensor view of a frame reads them
