@@ -17,6 +17,12 @@ Tuning: ``rank`` sets the ratio, ``r (m + n) / (m n)``; the error falls as rank 
 fast for activations whose channels are correlated. ``iterations`` 1-2 with the warm start;
 more help only for inputs that change a lot between calls.
 
+A finite CPU tensor of at most ``host.HOST_MAX`` elements runs the iterations in one compiled
+call (``kernels.power_iteration``: float64 sums, a Householder QR with LAPACK's signs), and a
+CPU packet of that size decodes in one (``kernels.low_rank_product``): the torch path's
+factors up to rounding, column signs included, so a stream's warm start carries over between
+the paths.
+
 Payload: [wire dtype code u8][0 u8 x3][rank uint32] | P [B, m, r] | Q [B, n, r], in the
 input dtype (float32 for a float16 input whose Q would overflow float16).
 """
@@ -26,16 +32,20 @@ from __future__ import annotations
 import math
 import struct
 
+import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .packet import DTYPE_CODES, Packet, bytes_as
+from .host import on_host
+from .kernels import low_rank_product, power_iteration
+from .packet import DTYPE_CODES, Packet, bytes_as, host_bytes
 from .registry import register_compressor
 
 __all__ = ["PowerSGD", "matrix_shape"]
 
 _PREFIX = struct.Struct("<BBBBI")
 _SEED = 0
+_WIRES = {code: dtype for dtype, code in DTYPE_CODES.items()}  # wire dtype code -> dtype
 
 
 def matrix_shape(shape: torch.Size) -> tuple[int, int, int]:
@@ -72,7 +82,6 @@ class PowerSGD(Compressor):
         # A small (e.g. the last) micro-batch can have fewer rows than the rank: then the
         # factors are full rank and exact; the rank used travels in the prefix.
         rank = min(self.rank, m, n)
-        self.raise_if_nonfinite(x)
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         matrix = x.reshape(b, m, n).to(work)
         q = self._q
@@ -81,9 +90,17 @@ class PowerSGD(Compressor):
         else:
             generator = torch.Generator(device=x.device).manual_seed(_SEED)
             q = torch.randn(b, n, rank, generator=generator, device=x.device, dtype=work)
-        for _ in range(self.iterations):
-            p = torch.linalg.qr(matrix @ q).Q      # [B, m, r], orthonormal columns
-            q = matrix.transpose(1, 2) @ p         # [B, n, r]
+        if on_host(x.numel(), x.device):  # one compiled call (kernels.power_iteration)
+            q_host = q.contiguous().numpy().copy()                                # [B, n, r], overwritten
+            p_host = np.empty((b, m, rank), dtype=q_host.dtype)                   # [B, m, r]
+            probe = power_iteration(matrix.contiguous().numpy(), q_host, self.iterations, p_host)
+            self.raise_if_nonfinite(x, probe=probe)
+            p, q = torch.from_numpy(p_host), torch.from_numpy(q_host)
+        else:
+            self.raise_if_nonfinite(x)
+            for _ in range(self.iterations):
+                p = torch.linalg.qr(matrix @ q).Q      # [B, m, r], orthonormal columns
+                q = matrix.transpose(1, 2) @ p         # [B, n, r]
         self._q = q
         wire = x.dtype
         if wire == torch.float16 and float(q.abs().max()) > torch.finfo(torch.float16).max:
@@ -96,22 +113,26 @@ class PowerSGD(Compressor):
     def _decode(self, packet: Packet) -> torch.Tensor:
         payload = packet.payload
         b, m, n = matrix_shape(packet.shape)
-        self.expect_packet(packet, payload.numel() >= _PREFIX.size,
-                     f"shorter than the {_PREFIX.size}-byte prefix")
-        code, pad0, pad1, pad2, rank = _PREFIX.unpack(bytes(payload[:_PREFIX.size].tolist()))
-        wires = {DTYPE_CODES[d]: d for d in (packet.dtype, torch.float32)}
-        self.expect_packet(packet, code in wires and pad0 == pad1 == pad2 == 0
-                     and 1 <= rank <= min(m, n),
-                     f"prefix says wire dtype code {code}, rank {rank} (pad {pad0}, {pad1}, "
-                     f"{pad2}); expected the code of {packet.dtype} or float32, rank in "
-                     f"1..{min(m, n)}")
-        wire = wires[code]
+        if payload.numel() < _PREFIX.size:
+            self.expect_packet(packet, False, f"shorter than the {_PREFIX.size}-byte prefix")
+        code, pad0, pad1, pad2, rank = _PREFIX.unpack(host_bytes(payload, _PREFIX.size).tobytes())
+        wire = _WIRES.get(code)
+        if wire not in (packet.dtype, torch.float32) or pad0 or pad1 or pad2 or not 1 <= rank <= min(m, n):
+            self.expect_packet(packet, False, f"prefix says wire dtype code {code}, rank {rank} (pad {pad0}, {pad1}, "
+                                              f"{pad2}); expected the code of {packet.dtype} or float32, rank in "
+                                              f"1..{min(m, n)}")
         p_nbytes, q_nbytes = (b * m * rank * wire.itemsize, b * n * rank * wire.itemsize)
         expected = _PREFIX.size + p_nbytes + q_nbytes
-        self.expect_packet(packet, payload.numel() == expected,
-                     f"P [{b}, {m}, {rank}] and Q [{b}, {n}, {rank}] of {wire} take {expected} "
-                     "bytes with the prefix")
+        if payload.numel() != expected:
+            self.expect_packet(packet, False, f"P [{b}, {m}, {rank}] and Q [{b}, {n}, {rank}] of {wire} take {expected} "
+                                              "bytes with the prefix")
         work = torch.float64 if packet.dtype == torch.float64 else torch.float32
+        if on_host(packet.shape.numel(), payload.device) and wire in (torch.float32, torch.float64):
+            raw = payload.numpy()
+            factors = raw[_PREFIX.size:].view(np.float32 if wire == torch.float32 else np.float64)  # [B (m + n) r]
+            out = np.empty((b, m, n), dtype=np.float64 if work == torch.float64 else np.float32)
+            low_rank_product(factors[:b * m * rank].reshape(b, m, rank), factors[b * m * rank:].reshape(b, n, rank), out)
+            return torch.from_numpy(out).to(packet.dtype).reshape(packet.shape)
         p = bytes_as(payload[_PREFIX.size:_PREFIX.size + p_nbytes], wire).view(b, m, rank)
         q = bytes_as(payload[_PREFIX.size + p_nbytes:], wire).view(b, n, rank)
         return (p.to(work) @ q.to(work).transpose(1, 2)).to(packet.dtype).reshape(packet.shape)

@@ -1,7 +1,10 @@
+import math
+
+import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import Packet, PacketError, PowerSGD
+from lightning_epipe.compressors import NonFiniteError, Packet, PacketError, PowerSGD, host
 from lightning_epipe.compressors.packet import DTYPE_CODES, header_nbytes
 from lightning_epipe.compressors.powersgd import matrix_shape
 
@@ -126,3 +129,63 @@ def test_payload_rank_beyond_the_matrix_is_refused():
     payload[4] = 5
     with pytest.raises(PacketError, match="rank 5"):
         PowerSGD().decode(Packet(packet.codec, packet.dtype, packet.shape, payload))
+
+
+def torch_path(monkeypatch) -> None:
+    monkeypatch.setattr(host, "HOST_MAX", -1)
+
+
+@pytest.mark.parametrize("shape, rank", [((3, 8, 50), 3), ((16, 256), 4), ((1, 256), 4), ((2, 4, 4), 4),
+                                         ((4, 5, 6), 2), ((5,), 1)])
+def test_host_path_is_the_torch_paths_factors_up_to_rounding_signs_included(shape, rank, monkeypatch):
+    b, m, n = matrix_shape(torch.Size(shape))
+    x = low_rank(b, m, n, decay=0.5).reshape(shape)  # singular values apart: factors well defined
+    fast, slow = PowerSGD(rank=rank), PowerSGD(rank=rank)
+    for _ in range(3):  # the warm start carries over calls on both paths
+        mine = fast.encode(x)
+        with monkeypatch.context() as m:
+            torch_path(m)
+            theirs = slow.encode(x)
+        a, b = mine.payload[8:].view(torch.float32), theirs.payload[8:].view(torch.float32)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))  # P's columns: the same signs
+        torch.testing.assert_close(fast.decode(mine), slow.decode(theirs), rtol=1e-4, atol=1e-5)
+    assert mine.payload[:8].tolist() == theirs.payload[:8].tolist()
+
+
+@pytest.mark.parametrize("columns", [
+    torch.randn(7, 3, dtype=torch.float64),
+    torch.zeros(5, 2, dtype=torch.float64),                                  # no reflection at all
+    torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]], dtype=torch.float64),  # zero below the diagonal
+    torch.tensor([[-2.0], [0.0]], dtype=torch.float64),                      # negative, nothing below
+    torch.randn(4, 4, dtype=torch.float64),                                  # square
+    torch.randn(1, 1, dtype=torch.float64),
+], ids=["random", "zeros", "first-column-done", "negative-alone", "square", "one-by-one"])
+def test_householder_factor_is_lapacks(columns):
+    from lightning_epipe.compressors.kernels.lowrank import _householder_q
+
+    m, r = columns.shape
+    q = np.empty((m, r))
+    _householder_q(columns.numpy().copy(), m, r, q)
+    np.testing.assert_allclose(q, torch.linalg.qr(columns).Q.numpy(), atol=1e-12)
+
+
+def test_non_finite_values_are_refused_on_the_host_path_before_the_state_moves():
+    codec = PowerSGD(rank=2)
+    x = torch.randn(16, 64)
+    codec.encode(x)
+    state = codec.state_dict()["q"].clone()
+    bad = x.clone()
+    bad[3, 7] = math.inf
+    with pytest.raises(NonFiniteError, match="1 of 1024 values are not finite"):
+        codec.encode(bad)
+    assert torch.equal(codec.state_dict()["q"], state)
+
+
+def test_a_payload_at_any_alignment_decodes_the_same():
+    x = low_rank(b=1, m=16, n=64, r=4).reshape(16, 64)
+    packet = PowerSGD(rank=4).encode(x)
+    shifted = torch.zeros(packet.payload.numel() + 3, dtype=torch.uint8)
+    shifted[3:] = packet.payload
+    moved = Packet(packet.codec, packet.dtype, packet.shape, shifted[3:])
+    assert torch.equal(PowerSGD().decode(moved), PowerSGD().decode(packet))
+    torch.testing.assert_close(PowerSGD().decode(packet), x, rtol=1e-4, atol=1e-5)

@@ -23,7 +23,8 @@ definition:
 - ``lloyd``: ``lloydmax``'s fit sample, fit and each element's nearest level; ``hadamard``'s fit
   and codes;
 - ``selection``: ``topk``'s positions of the largest magnitudes (``largest_positions``);
-- ``rotation``: ``hadamard``'s signs, transform, block scales and whole decode.
+- ``rotation``: ``hadamard``'s signs, transform, block scales and whole decode;
+- ``lowrank``: ``powersgd``'s power iteration and its decode.
 
 They are compiled on first use and cached on disk (``cache=True``: a process after the
 first loads them from there), release the GIL, and run on one core: callers keep torch's
@@ -38,15 +39,16 @@ from .levels_encode import (CHAIN_BUCKETS, bucket_code, bucket_codes, levels_pay
                             sortquant_codes, sortquant_payload, sortquant_tables)
 from .lloyd import (count_below, fit_levels_sorted, hadamard_codes, lloyd_steps, lloydmax_codes, tail_fit_values,
                     unweighted_lloyd)
-from .rotation import exponent_factors, fwht_rows, hadamard_decode, hadamard_rotate, hadamard_signs, transform_scale
+from .lowrank import low_rank_product, power_iteration
 from .packing import (LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, sparse_decode,
                       unpack_codes)
+from .rotation import exponent_factors, fwht_rows, hadamard_decode, hadamard_rotate, hadamard_signs, transform_scale
 from .scans import min_max, quantize_codes, sampled_frequent_values
 from .selection import largest_positions
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
            "exponent_factors", "fit_levels_sorted", "fwht_rows", "hadamard_codes", "hadamard_decode", "hadamard_rotate",
-           "hadamard_signs", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps",
-           "lloydmax_codes", "lookup_codes", "min_max", "pack_codes", "quantize_codes", "repeated_sorted", "retag_run",
-           "sampled_frequent_values", "sparse_decode", "sortquant_codes", "sortquant_payload", "sortquant_tables",
-           "tail_fit_values", "transform_scale", "unpack_codes", "unweighted_lloyd"]
+           "hadamard_signs", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes",
+           "lookup_codes", "low_rank_product", "min_max", "pack_codes", "power_iteration", "quantize_codes",
+           "repeated_sorted", "retag_run", "sampled_frequent_values", "sortquant_codes", "sortquant_payload",
+           "sortquant_tables", "sparse_decode", "tail_fit_values", "transform_scale", "unpack_codes", "unweighted_lloyd"]
