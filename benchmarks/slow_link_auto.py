@@ -6,7 +6,8 @@
 The setting of issue 13: client-server placement, 2 processes, the 8-block MLP of width 1024
 (batch 256, chunks 8, one torch thread per process), GPipe. Methods: ``auto`` (defaults:
 decided from the training's own traffic once a link has carried 2 MiB), ``none``,
-``sortquant`` 8 bits and ``lloydmax`` 4 bits. Each rate gets a network namespace whose
+``sortquant`` 8 bits and ``lloydmax`` 4 bits (``--methods``: any of ``METHODS``, every codec
+among them). Each rate gets a network namespace whose
 loopback is shaped by ``tc qdisc add dev lo root tbf rate R burst 1mbit latency 100ms``
 ("unlimited": a namespace without tc); every rank runs under ``ip netns exec``, and the
 namespace is deleted afterwards whatever happens. The loopback carries both directions, so
@@ -40,7 +41,19 @@ METHODS = {
     "none": {"compressor": "none"},
     "sortquant-8": {"compressor": "sortquant", "bits": 8},
     "lloydmax-4": {"compressor": "lloydmax", "bits": 4},
+    # the other codecs, for --methods (every codec against none on one link)
+    "fp16": {"compressor": "fp16"},
+    "bf16": {"compressor": "bf16"},
+    "quantize-8": {"compressor": "quantize", "bits": 8},
+    "quantize-4": {"compressor": "quantize", "bits": 4},
+    "lloydmax-8": {"compressor": "lloydmax", "bits": 8},
+    "topk-0.1": {"compressor": "topk", "compressor_kwargs": {"fraction": 0.1}},
+    "topk-0.1-8": {"compressor": "topk", "bits": 8, "compressor_kwargs": {"fraction": 0.1}},
+    "hadamard-4": {"compressor": "hadamard", "bits": 4},
+    "powersgd-4": {"compressor": "powersgd", "compressor_kwargs": {"rank": 4}},
 }
+#: What a run without ``--methods`` compares: auto, none and the two codecs of issue 13.
+DEFAULT_METHODS = ["auto", "none", "sortquant-8", "lloydmax-4"]
 RATES: list[Optional[float]] = [5, 20, 100, 1000, None]  # Mbit/s; None: unlimited
 
 
@@ -116,7 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rates", nargs="+", default=[str(r or "unlimited") for r in RATES],
                         help="Mbit/s, or 'unlimited'")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5, help="steps before timing starts")

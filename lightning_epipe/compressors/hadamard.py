@@ -30,7 +30,7 @@ differences, products by one constant, a square root), in one order, so the path
 for bit: the levels are fitted on the host, compiled, on every path (``fit_levels_host``); a
 finite CPU tensor of at most ``host.HOST_MAX`` elements is encoded in two compiled calls
 around numpy's sort of the fit sample (``kernels.hadamard_rotate``: steps 0-2;
-``kernels.hadamard_codes``: 3-4), and a CPU packet of at most ``host.COMPILED_MAX``
+``kernels.hadamard_payload``: 3-4 and the payload), and a CPU packet of at most ``host.COMPILED_MAX``
 elements is checked and decoded in one (``kernels.hadamard_decode``); other tensors take
 torch's ops.
 
@@ -64,8 +64,8 @@ from . import host
 from .base import Compressor, check_int
 from .bitpack import pack, packed_nbytes, unpack
 from .exact import host_values
-from .host import host_payload, on_host
-from .kernels import (exponent_factors, fwht_rows, hadamard_codes, hadamard_decode, hadamard_rotate, hadamard_signs,
+from .host import on_host
+from .kernels import (exponent_factors, fwht_rows, hadamard_decode, hadamard_payload, hadamard_rotate, hadamard_signs,
                       transform_scale, unweighted_lloyd)
 from .kernels.rotation import NONFINITE
 from .packet import Packet, bytes_as, host_bytes
@@ -276,7 +276,7 @@ def random_signs(seed: int, n: int, device: torch.device) -> torch.Tensor:
 def _encode_host(seed: int, x: np.ndarray, n: int, bits: int, iterations: int) -> torch.Tensor | None:
     """The host path's encode (``host.py``), bit for bit the torch path's: the exponent,
     rotation and scales in one compiled call (``kernels.hadamard_rotate``), numpy's sort of the
-    fit sample, the fit and codes in another (``kernels.hadamard_codes``).
+    fit sample, the fit, codes and payload in another (``kernels.hadamard_payload``).
     x: [N] float32/float64 -> uint8 payload, or None where x holds NaN or Inf."""
     levels_n, rows = 1 << bits, -(-x.size // n)
     u = np.empty(rows * n, dtype=np.float32)                                      # [R * n] z / sigma
@@ -285,11 +285,10 @@ def _encode_host(seed: int, x: np.ndarray, n: int, bits: int, iterations: int) -
     if exponent == NONFINITE:
         return None
     values = np.sort(_sample(u, fit_sample_size(levels_n, SAMPLE)))               # [M]
-    codes = np.empty(u.size, dtype=np.uint8)                                      # [R * n] _nearest's codes
-    levels = hadamard_codes(u, values, normal_levels(levels_n).numpy(), iterations, codes)  # [L]
-    head = (np.array((seed, n.bit_length() - 1, bits, exponent), dtype="<i4").tobytes() + levels.tobytes()
-            + sigma.astype("<u2", copy=False).tobytes())
-    return host_payload(head, codes, bits)
+    head = np.array((seed, n.bit_length() - 1, bits, exponent), dtype=np.int32)
+    payload = np.empty(hadamard_nbytes(x.size, n, bits), dtype=np.uint8)
+    hadamard_payload(u, values, normal_levels(levels_n).numpy(), iterations, head, sigma, bits, payload)
+    return torch.from_numpy(payload)
 
 
 def _decode_host(packet: Packet) -> torch.Tensor | None:

@@ -37,8 +37,8 @@ from __future__ import annotations
 from .jit import jit
 from .levels_encode import (CHAIN_BUCKETS, bucket_code, bucket_codes, levels_payload, repeated_sorted, retag_run,
                             sortquant_codes, sortquant_payload, sortquant_tables)
-from .lloyd import (count_below, fit_levels_sorted, hadamard_codes, lloyd_steps, lloydmax_codes, tail_fit_values,
-                    unweighted_lloyd)
+from .lloyd import (count_below, fit_levels_sorted, hadamard_codes, hadamard_payload, lloyd_steps, lloydmax_codes,
+                    tail_fit_values, unweighted_lloyd)
 from .lowrank import low_rank_product, power_iteration
 from .packing import (LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_codes, pack_codes, sparse_decode,
                       unpack_codes)
@@ -47,7 +47,7 @@ from .scans import min_max, quantize_codes, sampled_frequent_values
 from .selection import largest_positions
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "exponent_factors", "fit_levels_sorted", "fwht_rows", "hadamard_codes", "hadamard_decode", "hadamard_rotate",
+           "exponent_factors", "fit_levels_sorted", "fwht_rows", "hadamard_codes", "hadamard_decode", "hadamard_payload", "hadamard_rotate",
            "hadamard_signs", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes",
            "lookup_codes", "low_rank_product", "min_max", "pack_codes", "power_iteration", "quantize_codes",
            "repeated_sorted", "retag_run", "sampled_frequent_values", "sortquant_codes", "sortquant_payload",

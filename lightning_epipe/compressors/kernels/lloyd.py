@@ -361,3 +361,57 @@ def hadamard_codes(u, values, levels, iterations, out):  # pragma: no cover - co
         cuts[j] = (fitted[j + 1] + fitted[j]) / two  # a float32 cut, exact in float64
     _count_below(u, cuts, out)
     return fitted
+
+
+@jit
+def _put_uint32(out, at, word):  # pragma: no cover - compiled
+    """Write the uint32 ``word`` little-endian at byte ``at`` of out."""
+    for b in range(4):
+        out[at + b] = (word >> np.uint32(8 * b)) & np.uint32(0xFF)
+
+
+@jit
+def hadamard_payload(u, values, levels, iterations, head, sigma, bits, out):  # pragma: no cover - compiled
+    """``hadamard``'s host encode past the sort of its fit sample, its whole payload in one call:
+    the levels fitted on sorted ``values`` (``unweighted_lloyd``), each element of u [N] float32
+    coded as the number of float32 cuts below it, and out [B] uint8 written: ``head`` [4] int32
+    (seed, log2 block, bits, exponent), the levels [L] float32, ``sigma`` [R] (bfloat16 bits),
+    the codes packed at ``bits`` (2..8: ``bitpack``'s little-endian bit stream, a byte a code
+    at 8)."""
+    fitted = unweighted_lloyd(values, levels, iterations)
+    cuts = np.empty(fitted.size - 1)
+    two = np.float32(2)
+    for j in range(cuts.size):
+        cuts[j] = (fitted[j + 1] + fitted[j]) / two
+    codes = np.empty(u.size, dtype=np.uint8)
+    _count_below(u, cuts, codes)
+    word = np.empty(1, dtype=np.uint32)
+    at = 0
+    for k in range(4):
+        word.view(np.int32)[0] = head[k]
+        _put_uint32(out, at, word[0])
+        at += 4
+    for j in range(fitted.size):
+        word.view(np.float32)[0] = fitted[j]
+        _put_uint32(out, at, word[0])
+        at += 4
+    for r in range(sigma.size):
+        out[at] = sigma[r] & 0xFF
+        out[at + 1] = sigma[r] >> 8
+        at += 2
+    if bits == 8:
+        for i in range(codes.size):
+            out[at + i] = codes[i]
+        return
+    acc, held = 0, 0
+    for i in range(codes.size):
+        acc |= np.int64(codes[i]) << held
+        held += bits
+        while held >= 8:
+            out[at] = acc & 0xFF
+            acc >>= 8
+            held -= 8
+            at += 1
+    if held:
+        out[at] = acc & 0xFF
+
