@@ -208,7 +208,7 @@ def test_scale_outside_zero_one_is_a_packet_error(n):
         HadamardQuant().decode(corrupt(packet, scale_hi_byte, 0x40))  # bfloat16 >= 2
 
 
-def test_small_finite_cpu_tensors_take_the_host_path(monkeypatch):
+def test_finite_cpu_tensors_up_to_the_compiled_limit_take_the_host_path(monkeypatch):
     calls = []
     real = hadamard._encode_host
 
@@ -218,9 +218,10 @@ def test_small_finite_cpu_tensors_take_the_host_path(monkeypatch):
         return payload
 
     monkeypatch.setattr(hadamard, "_encode_host", host_encode)
-    HadamardQuant(bits=4).encode(torch.randn(host.HOST_MAX))
+    monkeypatch.setattr(host, "COMPILED_MAX", 5000)
+    HadamardQuant(bits=4).encode(torch.randn(5000))
     assert calls == [1]
-    HadamardQuant(bits=4).encode(torch.randn(host.HOST_MAX + 1))
+    HadamardQuant(bits=4).encode(torch.randn(5001))
     x = torch.randn(100)
     x[7] = math.nan
     HadamardQuant(bits=4, check_finite=False).encode(x)  # unchecked NaN: the torch path
@@ -245,3 +246,16 @@ def test_truncated_payload_is_a_packet_error():
 def test_bad_arguments_name_what_is_allowed(kwargs, match):
     with pytest.raises(ValueError, match=match):
         HadamardQuant(**kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("n", [5000, 70_000])
+def test_large_cpu_tensors_write_the_torch_paths_payload(n, dtype, monkeypatch):
+    x = heavy_tailed(rows=n // 384 + 1).reshape(-1)[:n].to(dtype)
+    fast = HadamardQuant(bits=4, seed=3).encode(x)
+    decoded = HadamardQuant().decode(fast)
+    monkeypatch.setattr(host, "COMPILED_MAX", -1)
+    monkeypatch.setattr(hadamard, "_transforms_compiled", lambda x: False)
+    slow = HadamardQuant(bits=4, seed=3).encode(x)
+    assert torch.equal(fast.payload, slow.payload)
+    assert torch.equal(HadamardQuant().decode(slow), decoded)

@@ -197,3 +197,16 @@ def test_lloydmax_of_a_small_gpu_tensor_is_the_cpus_packet(n):
     x = sample((n,), torch.float32)
     case = ("lloydmax", {"bits": 4})
     assert torch.equal(make(case).encode(x.cuda()).to_bytes().cpu(), make(case).encode(x).to_bytes())
+
+
+@one_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("n", [37, 4096, 70_000])
+def test_hadamard_on_the_gpu_writes_and_reads_the_hosts_bits(n, dtype):
+    """Butterflies, block scales and signs are correctly rounded float32 operations on every
+    device: the GPU's payload is the host's, and both decode it to the same values."""
+    x = sample((n,), torch.float32).to(dtype)
+    case = ("hadamard", {"bits": 4})
+    on_gpu = make(case).encode(x.cuda())
+    assert torch.equal(on_gpu.payload.cpu(), make(case).encode(x).payload)
+    assert torch.equal(make(case).decode(on_gpu).cpu(), make(case).decode(Packet.from_bytes(on_gpu.to_bytes().cpu())))
