@@ -7,8 +7,9 @@ the host path a tensor is read through a zero-copy ``.numpy()`` view (float16 an
 widened to float32, exactly) and its payload written by numpy and the compiled loops of
 ``kernels``; the wire format is the one the torch path writes, and a codec's guarantees
 hold on both paths. Every codec with a host path takes it up to ``HOST_MAX`` elements;
-``quantize``'s encode and the decodes of ``quantize``, ``sortquant`` and ``lloydmax`` up to
-``COMPILED_MAX`` (one compiled pass each, on one core); ``lloydmax`` and ``sortquant``, whose
+``quantize``'s and ``hadamard``'s encodes and the decodes of ``quantize``, ``sortquant``,
+``lloydmax`` and ``hadamard`` up to ``COMPILED_MAX`` (a few compiled passes each, on one
+core); ``lloydmax`` and ``sortquant``, whose
 host paths sort the values where their default torch paths build grids, encode on the host
 up to their own limits (``lloydmax.SORTED_FIT_MAX``, ``sortquant.EXACT_BELOW``). CUDA
 tensors, and larger ones, take the torch path.

@@ -47,8 +47,9 @@ from .scans import min_max, quantize_codes, sampled_frequent_values
 from .selection import largest_positions
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
-           "exponent_factors", "fit_levels_sorted", "fwht_rows", "hadamard_codes", "hadamard_decode", "hadamard_payload", "hadamard_rotate",
-           "hadamard_signs", "largest_positions", "levels_decode", "levels_payload", "lloyd_steps", "lloydmax_codes",
-           "lookup_codes", "low_rank_product", "min_max", "pack_codes", "power_iteration", "quantize_codes",
-           "repeated_sorted", "retag_run", "sampled_frequent_values", "sortquant_codes", "sortquant_payload",
-           "sortquant_tables", "sparse_decode", "tail_fit_values", "transform_scale", "unpack_codes", "unweighted_lloyd"]
+           "exponent_factors", "fit_levels_sorted", "fwht_rows", "hadamard_codes", "hadamard_decode",
+           "hadamard_payload", "hadamard_rotate", "hadamard_signs", "largest_positions", "levels_decode",
+           "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes", "low_rank_product", "min_max",
+           "pack_codes", "power_iteration", "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values",
+           "sortquant_codes", "sortquant_payload", "sortquant_tables", "sparse_decode", "tail_fit_values",
+           "transform_scale", "unpack_codes", "unweighted_lloyd"]

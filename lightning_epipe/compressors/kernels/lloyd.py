@@ -5,8 +5,9 @@ fit sample in one call; ``count_below`` counts the cuts under each element (a ch
 compares up to 15 cuts, else a guess table walked to the exact count). A host encode is
 two calls past numpy's sorts: ``tail_fit_values`` (the fit sample's far values, one pass)
 and ``lloydmax_codes`` (the fit and every element's nearest level). ``hadamard``'s fit, plain
-Lloyd steps from the normal's levels in its own float32 arithmetic, is ``unweighted_lloyd``, and
-its host encode past the sort one call, ``hadamard_codes``.
+Lloyd steps from the normal's levels in its own float32 arithmetic, is ``unweighted_lloyd``, its
+levels and codes ``hadamard_codes``, and its host encode past the rotation and the sort one
+call, ``hadamard_payload`` (codes packed, the payload written).
 
 Shape legend: N elements, C cuts, L levels, E cells (distinct values).
 """
@@ -18,7 +19,7 @@ import numpy as np
 from .jit import jit
 
 __all__ = ["count_below", "lloyd_steps", "fit_levels_sorted", "tail_fit_values", "lloydmax_codes", "unweighted_lloyd",
-           "hadamard_codes"]
+           "hadamard_codes", "hadamard_payload"]
 
 #: Cuts a compare chain counts (``count_below``: padded to it); more take a guess table.
 _CHAIN_CUTS = 15
@@ -373,18 +374,12 @@ def _put_uint32(out, at, word):  # pragma: no cover - compiled
 @jit
 def hadamard_payload(u, values, levels, iterations, head, sigma, bits, out):  # pragma: no cover - compiled
     """``hadamard``'s host encode past the sort of its fit sample, its whole payload in one call:
-    the levels fitted on sorted ``values`` (``unweighted_lloyd``), each element of u [N] float32
-    coded as the number of float32 cuts below it, and out [B] uint8 written: ``head`` [4] int32
+    the levels and codes of ``hadamard_codes``, and out [B] uint8 written: ``head`` [4] int32
     (seed, log2 block, bits, exponent), the levels [L] float32, ``sigma`` [R] (bfloat16 bits),
     the codes packed at ``bits`` (2..8: ``bitpack``'s little-endian bit stream, a byte a code
     at 8)."""
-    fitted = unweighted_lloyd(values, levels, iterations)
-    cuts = np.empty(fitted.size - 1)
-    two = np.float32(2)
-    for j in range(cuts.size):
-        cuts[j] = (fitted[j + 1] + fitted[j]) / two
     codes = np.empty(u.size, dtype=np.uint8)
-    _count_below(u, cuts, codes)
+    fitted = hadamard_codes(u, values, levels, iterations, codes)
     word = np.empty(1, dtype=np.uint32)
     at = 0
     for k in range(4):
@@ -414,4 +409,3 @@ def hadamard_payload(u, values, levels, iterations, head, sigma, bits, out):  # 
             at += 1
     if held:
         out[at] = acc & 0xFF
-
