@@ -398,7 +398,7 @@ def hadamard_payload(u, values, levels, iterations, head, sigma, bits, out):  # 
         for i in range(codes.size):
             out[at + i] = codes[i]
         return
-    acc, held = 0, 0
+    acc, held = 0, 0  # packing._pack's bit stream (compiled calls stay within a module: jit.py)
     for i in range(codes.size):
         acc |= np.int64(codes[i]) << held
         held += bits

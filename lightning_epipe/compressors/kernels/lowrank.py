@@ -40,13 +40,7 @@ def _householder_q(a, m, r, q):  # pragma: no cover - compiled
             a[i, k] *= scale  # v below the diagonal, v_k = 1
         a[k, k] = beta
         for j in range(k + 1, r):
-            w = a[k, j]
-            for i in range(k + 1, m):
-                w += a[i, k] * a[i, j]
-            w *= taus[k]
-            a[k, j] -= w
-            for i in range(k + 1, m):
-                a[i, j] -= w * a[i, k]
+            _reflect(a, k, taus[k], a, j)
     q[:, :] = 0.0
     for j in range(r):
         q[j, j] = 1.0
@@ -54,13 +48,20 @@ def _householder_q(a, m, r, q):  # pragma: no cover - compiled
         if taus[k] == 0.0:
             continue
         for j in range(k, r):
-            w = q[k, j]
-            for i in range(k + 1, m):
-                w += a[i, k] * q[i, j]
-            w *= taus[k]
-            q[k, j] -= w
-            for i in range(k + 1, m):
-                q[i, j] -= w * a[i, k]
+            _reflect(a, k, taus[k], q, j)
+
+
+@jit
+def _reflect(a, k, tau, target, j):  # pragma: no cover - compiled
+    """Column j of target [m, *] times ``H_k = I - tau v v^T``, v: 1 at row k, ``a[k + 1:, k]`` below."""
+    m = target.shape[0]
+    w = target[k, j]
+    for i in range(k + 1, m):
+        w += a[i, k] * target[i, j]
+    w *= tau
+    target[k, j] -= w
+    for i in range(k + 1, m):
+        target[i, j] -= w * a[i, k]
 
 
 @jit
