@@ -355,3 +355,32 @@ def test_lloyd_steps_are_the_binary_search_steps(levels_n):
         for iterations in (1, 8, 50):
             assert np.array_equal(kernels.lloyd_steps(points, weight, levels, fixed, iterations),
                                   _lloyd_steps_reference(points, weight, levels, fixed, iterations))
+
+
+def _spread_reference(weight: np.ndarray, n: int) -> np.ndarray:
+    """``lloyd._spread`` by numpy's searchsorted: equal-weight quantile targets, hit cells
+    taken once, more targets until n cells are hit (8 rounds at most), thinned evenly."""
+    cells = weight.size
+    if cells <= n:
+        return np.arange(cells)
+    below = np.cumsum(weight)
+    targets_n, chosen = n, np.empty(0, dtype=np.int64)
+    for _ in range(8):
+        hit = np.minimum(np.searchsorted(below, (np.arange(targets_n) + 0.5) * (below[-1] / targets_n)), cells - 1)
+        chosen = hit[np.concatenate(([True], hit[1:] != hit[:-1]))]
+        if chosen.size >= n:
+            break
+        targets_n = min(max(targets_n + 1, -(-targets_n * n // chosen.size)), 4 * cells)
+    if chosen.size > n:
+        chosen = chosen[np.rint(np.linspace(0, chosen.size - 1, n)).astype(np.int64)]
+    return chosen
+
+
+def test_spread_is_searchsorted_of_the_quantile_targets_ties_included():
+    from lightning_epipe.compressors.kernels.lloyd import _spread
+
+    rng = np.random.default_rng(3)
+    for weight, n in [(np.ones(10), 5), (np.ones(4096), 255), (np.ones(300), 299), (rng.uniform(0.1, 5, 2000), 254),
+                      (np.concatenate([np.ones(50), [500.0], np.ones(50)]), 20), (rng.pareto(1.5, 3000) + 0.01, 255),
+                      (np.full(7, 2.0), 9)]:
+        assert np.array_equal(_spread(weight, n), _spread_reference(weight, n)), (weight.size, n)

@@ -180,19 +180,17 @@ def fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from
     quantiles recomputed with more targets (8 rounds at most). Then ``lloyd_steps``.
     """
     count = values.size
-    first = np.empty(count, dtype=np.int64)                                      # [D] first index of each value
+    distinct = np.empty(count)                                                   # [D] each value once
+    freq = np.empty(count)                                                       # [D] its weight
     cells = 0
     for i in range(count):
         if i == 0 or values[i] != values[i - 1]:
-            first[cells] = i
+            distinct[cells] = values[i]
+            freq[cells] = weights[i]
             cells += 1
-    distinct = np.empty(cells)
-    freq = np.zeros(cells)
-    for j in range(cells):
-        stop = first[j + 1] if j + 1 < cells else count
-        distinct[j] = values[first[j]]
-        for i in range(first[j], stop):
-            freq[j] += weights[i]
+        else:
+            freq[cells - 1] += weights[i]
+    distinct, freq = distinct[:cells], freq[:cells]
     total = 0.0
     for i in range(count):
         total += weights[i]
@@ -278,13 +276,21 @@ def _spread(weight, n):  # pragma: no cover - compiled
     targets_n = n
     chosen = np.empty(0, dtype=np.int64)
     for _ in range(8):
-        hit = np.minimum(np.searchsorted(below, (np.arange(targets_n) + 0.5) * (below[-1] / targets_n)), cells - 1)
-        keep = np.ones(hit.size, dtype=np.bool_)
-        keep[1:] = hit[1:] != hit[:-1]
-        chosen = hit[keep]
-        if chosen.size >= n:
+        hits = np.empty(targets_n, dtype=np.int64)
+        step = below[cells - 1] / targets_n
+        found, at = 0, 0
+        for t in range(targets_n):  # searchsorted of the ascending targets, by one merge
+            target = (t + 0.5) * step
+            while at < cells and below[at] < target:
+                at += 1
+            hit = min(at, cells - 1)
+            if found == 0 or hits[found - 1] != hit:
+                hits[found] = hit
+                found += 1
+        chosen = hits[:found]
+        if found >= n:
             break
-        targets_n = min(max(targets_n + 1, -(-targets_n * n // chosen.size)), 4 * cells)
+        targets_n = min(max(targets_n + 1, -(-targets_n * n // found)), 4 * cells)
     if chosen.size > n:  # overshot: keep n of them, evenly spread
         chosen = chosen[np.rint(np.linspace(0, chosen.size - 1, n)).astype(np.int64)]
     return chosen
