@@ -43,9 +43,11 @@ Payload (little-endian)::
 i.e. ``16 + 4 * 2**bits + 2 * R + ceil(R * n * bits / 8)`` bytes: at 4 bits and block 256
 that is 4.06 bits a value plus 80 bytes (header not counted).
 
-Measured (``python benchmarks/docstrings.py --errors-only``: pretrained all-MiniLM-L6-v2, 64
-docstrings x 64 tokens, hidden states [64, 64, 384] after the embeddings and each of the 6
-layers, kurtosis 17-38, max |z| 13-20): relative L2 error 0.095-0.096 at 4 bits, ratio 0.127
+Measured at an earlier revision, whose signs came from torch's generator and whose
+transform was a matrix product: the same rotation in distribution (``python
+benchmarks/docstrings.py --errors-only``: pretrained all-MiniLM-L6-v2, 64 docstrings x 64
+tokens, hidden states [64, 64, 384] after the embeddings and each of the 6 layers, kurtosis
+17-38, max |z| 13-20): relative L2 error 0.095-0.096 at 4 bits, ratio 0.127
 with the header; ``quantize`` 4: 0.47-0.68, ``sortquant`` 4: 0.47-0.61, ``lloydmax`` 4:
 0.14-0.16 (ratio 0.125). 3 bits: 0.18 (ratio 0.096). An encode and decode take 19 us at 1 KiB,
 429 us at 256 KiB and 6.3 ms at 4 MiB on a CPU (``benchmarks/README.md``, section 5:
