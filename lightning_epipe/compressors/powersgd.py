@@ -124,14 +124,15 @@ class PowerSGD(Compressor):
         p_nbytes, q_nbytes = (b * m * rank * wire.itemsize, b * n * rank * wire.itemsize)
         expected = _PREFIX.size + p_nbytes + q_nbytes
         if payload.numel() != expected:
-            self.expect_packet(packet, False, f"P [{b}, {m}, {rank}] and Q [{b}, {n}, {rank}] of {wire} take {expected} "
-                                              "bytes with the prefix")
+            self.expect_packet(packet, False, f"P [{b}, {m}, {rank}] and Q [{b}, {n}, {rank}] of {wire} take "
+                                              f"{expected} bytes with the prefix")
         work = torch.float64 if packet.dtype == torch.float64 else torch.float32
         if on_host(packet.shape.numel(), payload.device) and wire in (torch.float32, torch.float64):
             raw = payload.numpy()
             factors = raw[_PREFIX.size:].view(np.float32 if wire == torch.float32 else np.float64)  # [B (m + n) r]
             out = np.empty((b, m, n), dtype=np.float64 if work == torch.float64 else np.float32)
-            low_rank_product(factors[:b * m * rank].reshape(b, m, rank), factors[b * m * rank:].reshape(b, n, rank), out)
+            split = b * m * rank
+            low_rank_product(factors[:split].reshape(b, m, rank), factors[split:].reshape(b, n, rank), out)
             return torch.from_numpy(out).to(packet.dtype).reshape(packet.shape)
         p = bytes_as(payload[_PREFIX.size:_PREFIX.size + p_nbytes], wire).view(b, m, rank)
         q = bytes_as(payload[_PREFIX.size + p_nbytes:], wire).view(b, n, rank)

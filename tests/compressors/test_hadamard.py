@@ -53,13 +53,15 @@ def _stage_by_stage(x: np.ndarray, n: int) -> np.ndarray:
 
 @pytest.mark.parametrize("n", [2, 4, 8, 16, 32, 64, 128, 256, 512, 4096])
 def test_compiled_and_torch_transforms_are_the_float32_butterflies_bit_for_bit(n, monkeypatch):
-    x = torch.randn(3, n) * torch.logspace(-30, 30, 3 * n).view(3, n)  # magnitudes far apart: rounding shows
+    x = torch.randn(3, n, generator=torch.Generator().manual_seed(n))
+    x *= torch.logspace(-30, 30, 3 * n).view(3, n)  # magnitudes far apart: rounding shows
     compiled = hadamard_transform(x)
     expected = _stage_by_stage(x.numpy(), n)
     assert np.array_equal(compiled.reshape(-1).numpy().view(np.uint32), expected.view(np.uint32))
     monkeypatch.setattr(hadamard, "_transforms_compiled", lambda x: False)  # torch's ops, as on an accelerator
     assert torch.equal(hadamard_transform(x).view(torch.int32), compiled.view(torch.int32))
-    torch.testing.assert_close(compiled.double(), x.double() @ sylvester(n).double(), rtol=1e-5, atol=1e-5 * float(x.abs().max()))
+    torch.testing.assert_close(compiled.double(), x.double() @ sylvester(n).double(), rtol=1e-5,
+                               atol=1e-5 * float(x.abs().max()))
 
 
 def _splitmix64_sign(seed: int, i: int) -> float:
@@ -78,12 +80,16 @@ def test_signs_are_splitmix64s_top_bit_of_seed_and_position():
     assert abs(float(many.sum())) < 1000 and not torch.equal(random_signs(8, 300, torch.device("cpu")), many[:300])
 
 
+def _normal(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(n, dtype=dtype, generator=torch.Generator().manual_seed(n))
+
+
 @pytest.mark.parametrize("x", [
-    torch.randn(3000) * 1e-42,                                 # float32 subnormals: 2**-e past float32's range
-    torch.randn(3000, dtype=torch.float64) * 1e-310,           # float64 subnormals: the exponent clamped
-    torch.randn(3000, dtype=torch.float64) * 1e307,            # 2**e past float64's range at decode
+    _normal(3000) * 1e-42,                                     # float32 subnormals: 2**-e past float32's range
+    _normal(3000, torch.float64) * 1e-310,                     # float64 subnormals: the exponent clamped
+    _normal(3000, torch.float64) * 1e307,                      # 2**e past float64's range at decode
     torch.full((3000,), 3.0e38),                               # float32's largest values
-    torch.cat([torch.zeros(2000), torch.randn(1000)]),         # zero blocks: scale 0
+    torch.cat([torch.zeros(2000), _normal(1000)]),             # zero blocks: scale 0
 ], ids=["f32-subnormal", "f64-subnormal", "f64-huge", "f32-max", "zero-blocks"])
 def test_extreme_magnitudes_write_and_decode_the_same_on_both_paths(x, monkeypatch):
     fast = HadamardQuant(bits=4).encode(x)

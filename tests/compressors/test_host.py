@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import NonFiniteError, Packet, bitpack, get_compressor, hadamard, host, lloydmax, sortquant
+from lightning_epipe.compressors import (NonFiniteError, Packet, bitpack, get_compressor, hadamard, host, lloydmax,
+                                        sortquant)
 from lightning_epipe.compressors.bitpack import pack, pack_host, packed_nbytes, unpack, unpack_host
 from lightning_epipe.compressors.exact import host_values
 from lightning_epipe.compressors.levels import f32

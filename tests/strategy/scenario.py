@@ -127,7 +127,8 @@ def fp16_mixed(init_scale: float, device: str = "cpu") -> MixedPrecision:
 
 
 def reference(steps: int, batch_size: int, clip: float | None = None, accumulate: int = 1,
-              fp16_scale: float | None = None, precision: str = "32-true", shrink: bool = False, **model_kwargs) -> TinyNet:
+              fp16_scale: float | None = None, precision: str = "32-true", shrink: bool = False,
+              **model_kwargs) -> TinyNet:
     """The same training in one process without EPipeStrategy (``shrink``: :class:`ShrinkAfterStep`)."""
     model = (ShrinkAfterStep if shrink else TinyNet)(**model_kwargs)
     precision_args = {"plugins": [fp16_mixed(fp16_scale)]} if fp16_scale else {"precision": precision}
@@ -312,7 +313,8 @@ def main() -> None:
     p.add_argument("--no-start-ahead", action="store_true", help="EPipeStrategy(start_ahead=False)")
     p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-seconds before each optimizer step")
     p.add_argument("--slow-seconds", type=float, default=0.1)
-    p.add_argument("--shrink", action="store_true", help="the module's own optimizer_step scales the weights after the step")
+    p.add_argument("--shrink", action="store_true",
+                   help="the module's own optimizer_step scales the weights after the step")
     args = p.parse_args()
 
     strategy = EPipeStrategy(
@@ -327,7 +329,8 @@ def main() -> None:
     if args.manual_clip:
         algorithm, value = args.manual_clip.split(":")
         manual_clip = (algorithm, float(value))
-    model = (ShrinkAfterStep if args.shrink else TinyNet)(optimizer=args.optimizer, manual=args.manual, manual_clip=manual_clip)
+    module_class = ShrinkAfterStep if args.shrink else TinyNet
+    model = module_class(optimizer=args.optimizer, manual=args.manual, manual_clip=manual_clip)
     if args.balance == "time":
         model.example_input_array = torch.zeros(8, 16)
     if args.compressor == "bottleneck":  # real samples: the bottlenecks start from their PCA

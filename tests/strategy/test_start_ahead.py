@@ -31,11 +31,12 @@ def _train(tmp_path, *args):
     return torch.load(out, weights_only=False), started, at_optimizer_step
 
 
-@pytest.mark.parametrize(("schedule", "start_ahead", "shrink"),
-                         [("gpipe", True, False), ("gpipe", False, False), ("1f1b", True, False), ("gpipe", True, True)])
+@pytest.mark.parametrize(("schedule", "start_ahead", "shrink"), [
+    ("gpipe", True, False), ("gpipe", False, False), ("1f1b", True, False), ("gpipe", True, True),
+])
 def test_a_slow_first_stage_starts_every_step_ahead_but_across_epochs(tmp_path, schedule, start_ahead, shrink):
-    got, started, at_optimizer_step = _train(tmp_path, "--schedule", schedule, *([] if start_ahead else ["--no-start-ahead"]),
-                                             *(["--shrink"] if shrink else []))
+    flags = ([] if start_ahead else ["--no-start-ahead"]) + (["--shrink"] if shrink else [])
+    got, started, at_optimizer_step = _train(tmp_path, "--schedule", schedule, *flags)
     # every step but the first and the first of the second epoch; the client never starts ahead
     assert started == {0: 0, 1: STEPS - 2 if start_ahead else 0}
     # at the end of the optimizer step, unless the module's own optimizer_step changes weights after it
