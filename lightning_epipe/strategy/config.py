@@ -71,15 +71,13 @@ ARGUMENTS = """\
             Under ``precision="16-mixed"`` they cross raw and the GradScaler skips the step on every rank.
         checkpoint: activation recomputation per stage (torchgpipe's): ``"always"``,
             ``"except_last"`` (all micro-batches but the last) or ``"never"``.
-        start_ahead: once a training batch's optimizer step is done (at the batch's end where
-            the LightningModule has its own ``optimizer_step``, or the batch accumulates), a
-            server runs the next step's forward (under 1F1B up to its first backward) at once
-            where the client has already begun that step (automatic optimization),
+        start_ahead: at the end of each training batch a server runs the next step's forward
+            (under 1F1B up to its first backward) at once where the client has already begun
+            that step (automatic optimization),
             before the rest of Lightning's work between the two steps on that rank: the first
             stage's step boundary is on the critical path of every step. Set ``False`` where a
-            hook changes a server's weights or buffers between steps (``lr_scheduler_step``,
-            ``on_train_batch_end``, ``on_train_batch_start``; epoch ends excepted: a server never
-            starts ahead across one).
+            hook changes a server's weights or buffers between steps (``on_train_batch_end``,
+            ``on_train_batch_start``; epoch ends excepted: a server never starts ahead across one).
         timeout: bound on every wait for a peer (and the process group's collectives).
         start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).

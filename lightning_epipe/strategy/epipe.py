@@ -61,7 +61,7 @@ from lightning_epipe.strategy.planning.plan import plan_for
 from lightning_epipe.strategy.rank_topology import RankTopology
 from lightning_epipe.strategy.server_data import server_dataloader
 from lightning_epipe.strategy.sigterm_broadcast import StepStartSignal, install_sigterm_handling
-from lightning_epipe.strategy.start_ahead import StartAhead, starts_at_optimizer_step
+from lightning_epipe.strategy.start_ahead import StartAhead
 
 __all__ = ["EPipeStrategy"]
 
@@ -323,15 +323,11 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
     @override
     def optimizer_step(self, optimizer: Any, closure: Any, model: Any = None, **kwargs: Any) -> Any:
         self._steps.before_optimizer_step(optimizer, self.optimizers)
-        output = super().optimizer_step(optimizer, closure, model, **kwargs)
-        if self.config.start_ahead and not self.is_client and starts_at_optimizer_step(self.lightning_module.trainer):
-            self._start_next_step(at_optimizer_step=True)
-        return output
+        return super().optimizer_step(optimizer, closure, model, **kwargs)
 
-    def _start_next_step(self, at_optimizer_step: bool = False) -> None:
-        """A server at the end of a training batch or of its optimizer step: the client's next
-        step now, if it has begun (``start_ahead.py``)."""
-        self._steps.start_next_step(self.precision_plugin.train_step_context(), at_optimizer_step)
+    def _start_next_step(self) -> None:
+        """A server at the end of a training batch: the client's next step now, if it has begun (``start_ahead.py``)."""
+        self._steps.start_next_step(self.precision_plugin.train_step_context())
 
     # ------------------------------------------------------------------ collectives Lightning asks for
 

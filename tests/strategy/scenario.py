@@ -153,9 +153,7 @@ class PrintStartedAhead(L.Callback):
     """Every rank prints how many training steps it started ahead of Lightning's (servers only)."""
 
     def on_train_end(self, trainer, pl_module):
-        steps = trainer.strategy._steps
-        print(f"rank {trainer.global_rank} started {steps.steps_started_ahead} steps ahead"
-              f" ({steps.started_at_optimizer_step} at the optimizer step)", flush=True)
+        print(f"rank {trainer.global_rank} started {trainer.strategy._steps.steps_started_ahead} steps ahead", flush=True)
 
 
 class PrintCores(L.Callback):

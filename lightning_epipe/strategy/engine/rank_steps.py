@@ -47,7 +47,6 @@ class RankSteps:
     replicas: int
     skip_backward: bool = field(default=False, init=False)
     steps_started_ahead: int = field(default=0, init=False)  # server: steps whose forward ran before Lightning's step
-    started_at_optimizer_step: int = field(default=0, init=False)  # of those, started at the end of the optimizer step
 
     @property
     def is_client(self) -> bool:
@@ -96,18 +95,16 @@ class RankSteps:
         self.skip_backward = True
         return torch.zeros((), device=self.device, requires_grad=True)
 
-    def start_next_step(self, context: ContextManager[Any], at_optimizer_step: bool = False) -> None:
-        """At the end of a training batch that another follows in its epoch, or of its optimizer
-        step (``at_optimizer_step``; ``start_ahead.py``): a server (automatic optimization) starts
-        the client's next step at once if the client has begun it and this rank has not yet
-        (``server_loop.start_next_step``; under 1F1B up to its first backward, the rest in the
-        next ``training_step``), under the training step's ``context``."""
-        if self.is_client or not self.module.automatic_optimization or self.runtime.started_ahead:
+    def start_next_step(self, context: ContextManager[Any]) -> None:
+        """At the end of a training batch that another follows in its epoch (``start_ahead.py``): a
+        server (automatic optimization) starts the client's next step at once if the client has
+        begun it (``server_loop.start_next_step``; under 1F1B up to its first backward, the rest
+        in the next ``training_step``), under the training step's ``context``."""
+        if self.is_client or not self.module.automatic_optimization:
             return
         with context:
             if start_next_step(self.runtime, self._server_hooks()):
                 self.steps_started_ahead += 1
-                self.started_at_optimizer_step += at_optimizer_step
 
     def backward(self, loss: Tensor, backward_on_client: Callable[[Tensor], Tensor]) -> Tensor:
         """Lightning's backward of ``loss``: on the client ``backward_on_client(loss)`` (Lightning's
