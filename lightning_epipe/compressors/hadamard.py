@@ -70,17 +70,15 @@ from .bitpack import pack, packed_nbytes, unpack
 from .exact import host_values
 from .kernels import (exponent_factors, fwht_rows, hadamard_decode, hadamard_payload, hadamard_rotate, hadamard_signs,
                       transform_scale, unweighted_lloyd)
-from .kernels.rotation import NONFINITE
+from .kernels.rotation import HEAD_NBYTES as _META, MAX_EXPONENT, MAX_LOG2_BLOCK, NONFINITE
 from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
 from .sampling import fit_sample_size
 
 __all__ = ["HadamardQuant", "hadamard_transform", "random_signs", "hadamard_nbytes"]
 
-_META = 16
 #: Values of z / sigma sampled for the Lloyd fit at most (``256 L``; all of them for smaller tensors).
 SAMPLE = 1 << 16
-MAX_LOG2_BLOCK = 16
 #: The smallest normalizing exponent: a float64 tensor whose largest value is under ``2**-1000``
 #: is scaled by ``2**1000`` (its values stay under 1, and the factor is finite).
 MIN_EXPONENT = -1000
@@ -182,7 +180,7 @@ class HadamardQuant(Compressor):
         self.expect_packet(packet, payload.numel() >= _META, f"payload shorter than its {_META}-byte prefix")
         seed, log2_block, bits, exponent = host_bytes(payload, _META).view("<i4").tolist()
         self.expect_packet(packet, 2 <= bits <= 8 and 1 <= log2_block <= MAX_LOG2_BLOCK and seed >= 0
-                     and abs(exponent) <= 1100, f"bad prefix (seed {seed}, log2 block {log2_block}, "
+                     and abs(exponent) <= MAX_EXPONENT, f"bad prefix (seed {seed}, log2 block {log2_block}, "
                      f"bits {bits}, exponent {exponent})")
         n, levels_n = 1 << log2_block, 1 << bits
         rows = -(-numel // n)
@@ -213,7 +211,7 @@ def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
     rows, n = x.shape
     if _transforms_compiled(x):
         z = x.reshape(-1).numpy().copy()
-        fwht_rows(z, n, np.float32(transform_scale(n)))
+        fwht_rows(z, n, transform_scale(n))
         return torch.from_numpy(z).view(rows, n)
     h = 1
     while h < n:
@@ -221,7 +219,7 @@ def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
         first, second = pairs[:, :, 0], pairs[:, :, 1]
         x = torch.stack((first + second, first - second), dim=2)
         h *= 2
-    return x.reshape(rows, n) * (transform_scale(n) if x.dtype == torch.float32 else 1 / math.sqrt(n))
+    return x.reshape(rows, n) * (float(transform_scale(n)) if x.dtype == torch.float32 else 1 / math.sqrt(n))
 
 
 def _transforms_compiled(x: torch.Tensor) -> bool:
@@ -284,7 +282,7 @@ def _encode_host(seed: int, x: np.ndarray, n: int, bits: int, iterations: int) -
     levels_n, rows = 1 << bits, -(-x.size // n)
     u = np.empty(rows * n, dtype=np.float32)                                      # [R * n] z / sigma
     sigma = np.empty(rows, dtype=np.uint16)                                       # [R] bfloat16 bits
-    exponent = hadamard_rotate(x, seed, n, np.float32(transform_scale(n)), MIN_EXPONENT, u, sigma)
+    exponent = hadamard_rotate(x, seed, n, MIN_EXPONENT, u, sigma)
     if exponent == NONFINITE:
         return None
     values = np.sort(_sample(u, fit_sample_size(levels_n, SAMPLE)))               # [M]

@@ -112,7 +112,7 @@ def test_rotation_reports_nan_and_inf_anywhere(bad, at):
     x = np.random.default_rng(at).standard_normal(3000).astype(np.float32)
     x[at] = bad
     u, sigma = np.empty(3072, dtype=np.float32), np.empty(12, dtype=np.uint16)
-    assert kernels.hadamard_rotate(x, 0, 256, np.float32(1 / 16), -1000, u, sigma) == NONFINITE
+    assert kernels.hadamard_rotate(x, 0, 256, -1000, u, sigma) == NONFINITE
 
 
 def test_normal_levels_are_max_1960():

@@ -21,10 +21,14 @@ import numpy as np
 from .jit import jit
 
 __all__ = ["hadamard_signs", "fwht_rows", "transform_scale", "hadamard_rotate", "hadamard_decode", "exponent_factors",
-           "HEAD_NBYTES", "NONFINITE"]
+           "HEAD_NBYTES", "MAX_LOG2_BLOCK", "MAX_EXPONENT", "NONFINITE"]
 
 #: Bytes of a payload's prefix: seed, log2(block), bits, exponent (int32 each).
 HEAD_NBYTES = 16
+#: The largest block is ``2**MAX_LOG2_BLOCK`` values.
+MAX_LOG2_BLOCK = 16
+#: A payload's exponent is at most this in magnitude (float64's range and then some).
+MAX_EXPONENT = 1100
 #: What ``hadamard_rotate`` returns for a tensor holding NaN or Inf.
 NONFINITE = 1 << 30
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -32,13 +36,16 @@ _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX2 = np.uint64(0x94D049BB133111EB)
 
 
-def transform_scale(n: int) -> float:
+@jit
+def transform_scale(n):  # pragma: no cover - compiled
     """The float32 factor ``1 / sqrt(n)`` that ends the transform of a block of ``n``."""
-    return float(np.float32(1.0 / math.sqrt(n)))
+    return np.float32(1.0 / math.sqrt(n))
 
 
-def exponent_factors(exponent: int) -> tuple[float, float]:
-    """``2**exponent`` as two float64 factors, each finite for ``|exponent| <= 2046``."""
+@jit
+def exponent_factors(exponent):  # pragma: no cover - compiled
+    """``2**exponent`` as two float64 factors, ``2**(e // 2)`` and ``2**(e - e // 2)``, each
+    finite for ``|exponent| <= 2046``."""
     half = exponent // 2
     return math.ldexp(1.0, half), math.ldexp(1.0, exponent - half)
 
@@ -141,12 +148,12 @@ def _uint32_at(raw, at):  # pragma: no cover - compiled
 
 
 @jit
-def hadamard_rotate(x, seed, n, scale, min_exponent, z, sigma):  # pragma: no cover - compiled
+def hadamard_rotate(x, seed, n, min_exponent, z, sigma):  # pragma: no cover - compiled
     """The encode up to the level fit: x [N] float32/float64 -> the exponent ``e``, the least
     (at least ``min_exponent``) with ``max |x| < 2**e``, or ``NONFINITE`` where x holds NaN or
     Inf (then nothing else is written). z [R * n] float32, written: the blocks of
     ``float32(x * 2**-e)`` (the exact product rounded; zero padded) times the signs of
-    ``seed``, transformed (``fwht_rows`` with ``scale``), each divided by its scale; sigma
+    ``seed``, transformed (``fwht_rows``), each divided by its scale; sigma
     [R] uint16, written: the bfloat16 bits of each block's RMS, ``sqrt(s / n)`` with ``s`` the
     float32 sum of the squares by halves (the block's first half plus its second, and again,
     down to one)."""
@@ -171,7 +178,7 @@ def hadamard_rotate(x, seed, n, scale, min_exponent, z, sigma):  # pragma: no co
     for base in range(0, z.size, n):
         for j in range(n):
             z[base + j] = z[base + j] * signs[j]
-    fwht_rows(z, n, scale)
+    fwht_rows(z, n, transform_scale(n))
     squares = np.empty(n, dtype=np.float32)
     word = np.empty(1, dtype=np.uint32)
     width = np.float32(n)
@@ -208,7 +215,7 @@ def hadamard_decode(raw, count, low, high, out):  # pragma: no cover - compiled
         word[0] = _uint32_at(raw, 4 * k)
         head[k] = word.view(np.int32)[0]
     seed, log2_block, bits, exponent = head[0], head[1], head[2], head[3]
-    if not (2 <= bits <= 8 and 1 <= log2_block <= 16 and seed >= 0 and abs(exponent) <= 1100):
+    if not (2 <= bits <= 8 and 1 <= log2_block <= MAX_LOG2_BLOCK and seed >= 0 and abs(exponent) <= MAX_EXPONENT):
         return 1
     n = np.int64(1) << log2_block
     levels_n = np.int64(1) << bits
@@ -251,11 +258,10 @@ def hadamard_decode(raw, count, low, high, out):  # pragma: no cover - compiled
                 at_byte = bit >> 3
                 code = ((data[at_byte] | (data[at_byte + 1] << 8)) >> (bit & 7)) & mask
                 z[i] = levels[code] * scale
-    fwht_rows(z, n, np.float32(1.0 / math.sqrt(n)))
+    fwht_rows(z, n, transform_scale(n))
     signs = np.empty(n, dtype=np.float32)
     hadamard_signs(seed, signs)
-    half = exponent // 2
-    first, second = math.ldexp(1.0, half), math.ldexp(1.0, exponent - half)
+    first, second = exponent_factors(exponent)
     for base in range(0, count, n):
         for j in range(min(n, count - base)):
             value = np.float64(z[base + j] * signs[j]) * first * second
