@@ -92,7 +92,7 @@ import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .bitpack import gather_codes, pack_into, packed_nbytes
+from .bitpack import gather_codes, pack_host, pack_into, packed_nbytes
 from .cache_blocks import cache_blocks
 from .exact import host_values
 from .grid import GRID, Grid, grid_size
@@ -123,6 +123,8 @@ PIN_ENDS_FROM = 16
 #: (the grid is 4 cells per element; its histogram, code table and scans run over all of it).
 SORTED_FIT_MAX = 1 << 15
 _PREFIX = 4
+#: The host fit's weights where every value is one element (``kernels.fit_levels_sorted``).
+_EACH_ONE = np.empty(0)
 
 
 def lloydmax_nbytes(numel: int, bits: int) -> int:
@@ -211,10 +213,16 @@ class LloydMax(Compressor):
         if not (span > 0 and grid_size(count) / span < F32_OVERFLOW):
             codebook = np.full(levels_n, lo, dtype=np.float32)
             return host_payload(head + codebook.tobytes(), np.zeros(count, np.uint8), self.bits)
-        codes = np.empty(count, dtype=np.uint8)                                  # [N]
-        codebook = lloydmax_codes(x, values, np.ones(values.size) if weights is None else weights, levels_n,
+        start = _PREFIX + 4 * levels_n
+        payload = np.empty(start + packed_nbytes(count, self.bits), dtype=np.uint8)
+        codes = payload[start:] if self.bits == 8 else np.empty(count, dtype=np.uint8)  # [N]
+        codebook = lloydmax_codes(x, values, _EACH_ONE if weights is None else weights, levels_n,
                                   self.iterations, span / grid_size(count), PIN_ENDS_FROM, NEIGHBOURS, codes)  # [L]
-        return host_payload(head + codebook.astype("<f4").tobytes(), codes, self.bits)
+        payload[:_PREFIX] = np.frombuffer(head, dtype=np.uint8)
+        payload[_PREFIX:start] = codebook.astype("<f4").view(np.uint8)
+        if self.bits != 8:
+            pack_host(codes, self.bits, payload[start:])
+        return torch.from_numpy(payload)
 
     def _decode(self, packet: Packet) -> torch.Tensor:
         """A CPU float32 or float64 tensor in one compiled call (``kernels.codebook_decode``),

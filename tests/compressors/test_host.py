@@ -168,6 +168,23 @@ def test_lloydmax_weights_count_as_repeats():
         weighted = fit_levels_sorted(np.unique(values), np.unique(values, return_counts=True)[1].astype(np.float64),
                                      levels_n, 8, 1e-3, PIN_ENDS_FROM, NEIGHBOURS)
         assert np.array_equal(plain[0], weighted[0]) and np.array_equal(plain[1], weighted[1])
+        each_one = fit_levels_sorted(values, np.empty(0), levels_n, 8, 1e-3, PIN_ENDS_FROM, NEIGHBOURS)
+        assert np.array_equal(plain[0], each_one[0]) and np.array_equal(plain[1], each_one[1])
+
+
+def test_lloydmax_fit_without_weights_is_the_fit_with_weights_of_one():
+    """Empty weights (every value one element, the encode's case up to its sample size) fit the
+    same levels as weights of 1.0: runs of repeats, spikes and ends included."""
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        x = rng.standard_normal(int(rng.integers(2, 3000)))
+        x = np.sort(np.where(rng.random(x.size) < 0.3, 0.0, np.round(x * rng.choice([1, 4, 100])) / 4))
+        if x[0] == x[-1]:
+            continue
+        for levels_n in (2, 8, 256):
+            ones = fit_levels_sorted(x, np.ones(x.size), levels_n, 8, 1e-3, PIN_ENDS_FROM, NEIGHBOURS)
+            each_one = fit_levels_sorted(x, np.empty(0), levels_n, 8, 1e-3, PIN_ENDS_FROM, NEIGHBOURS)
+            assert np.array_equal(ones[0], each_one[0]) and np.array_equal(ones[1], each_one[1]), (trial, levels_n)
 
 
 @pytest.mark.parametrize("check_finite", [True, False])

@@ -23,8 +23,9 @@ __all__ = ["count_below", "lloyd_steps", "fit_levels_sorted", "tail_fit_values",
 
 #: Cuts a compare chain counts (``count_below``: padded to it); more take a guess table.
 _CHAIN_CUTS = 15
-#: The float64 bits of a first guess of x**(-1/3) are this minus x's bits / 3 (within 4%).
-_CUBE_ROOT_MAGIC = 0x553EF0FF289DD796
+#: The float64 high word (32 bits) of a first guess of x**(-1/3) is this minus x's high word / 3
+#: (within 4%; int32 arithmetic, which the compiler vectorizes where an int64 division is scalar).
+_CUBE_ROOT_MAGIC = 0x553EF0FF
 #: Cells per cut of the guess table of ``count_below`` above ``_CHAIN_CUTS`` cuts (at most:
 #: fewer for a tensor of fewer than 64 elements a cut, 2 at least).
 _CELLS_PER_CUT = 16
@@ -124,7 +125,51 @@ def _rank_near(points, cut, guess):  # pragma: no cover - compiled
             step *= 2
             at = guess - step
         lo = max(at + 1, 0)
-    return lo + np.searchsorted(points[lo:hi], cut)
+    while lo < hi:  # the first of points[lo:hi] >= cut (a slice and np.searchsorted cost more here)
+        mid = (lo + hi) >> 1
+        if points[mid] < cut:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@jit
+def _prefix_sums(points, weight):  # pragma: no cover - compiled
+    """(weight_below [E + 1], total_below [E + 1]): running sums of weight [E] and of
+    weight * points [E], in order, each from 0."""
+    count = points.size
+    weight_below = np.zeros(count + 1)
+    total_below = np.zeros(count + 1)
+    for i in range(count):
+        weight_below[i + 1] = weight_below[i] + weight[i]
+        total_below[i + 1] = total_below[i] + points[i] * weight[i]
+    return weight_below, total_below
+
+
+@jit
+def _lloyd_moves(points, weight_below, total_below, levels, fixed, iterations):  # pragma: no cover - compiled
+    """``lloyd_steps`` on the prefix sums of ``_prefix_sums(points, weight)``."""
+    count = points.size
+    levels = levels.copy()
+    moved = levels.copy()
+    n_levels = levels.size
+    edges = np.zeros(n_levels + 1, dtype=np.int64)
+    edges[n_levels] = count
+    for _ in range(iterations):
+        for j in range(n_levels - 1):
+            edges[j + 1] = _rank_near(points, (levels[j + 1] + levels[j]) * 0.5, max(edges[j], edges[j + 1]))
+        same = True
+        for j in range(n_levels):
+            lo, hi = np.uint64(edges[j]), np.uint64(edges[j + 1])  # unsigned: no wraparound select
+            n = weight_below[hi] - weight_below[lo]
+            s = total_below[hi] - total_below[lo]
+            moved[j] = s / n if n > 0 and not fixed[j] else levels[j]
+            same &= moved[j] == levels[j]
+        if same:
+            break
+        levels, moved = moved, levels
+    return levels
 
 
 @jit
@@ -138,38 +183,76 @@ def lloyd_steps(points, weight, levels, fixed, iterations):  # pragma: no cover 
     (float32: each cut the float32 sum halved, each mean rounded to float32 as it is stored);
     fixed: [L] bool -> [L] of levels' dtype (a new array).
     """
-    count = points.size
-    weight_below = np.zeros(count + 1)
-    total_below = np.zeros(count + 1)
-    for i in range(count):
-        weight_below[i + 1] = weight_below[i] + weight[i]
-        total_below[i + 1] = total_below[i] + points[i] * weight[i]
-    levels = levels.copy()
-    moved = levels.copy()
-    n_levels = levels.size
-    edges = np.zeros(n_levels + 1, dtype=np.int64)
-    edges[n_levels] = count
-    for _ in range(iterations):
-        for j in range(n_levels - 1):
-            edges[j + 1] = _rank_near(points, (levels[j + 1] + levels[j]) * 0.5, max(edges[j], edges[j + 1]))
-        same = True
-        for j in range(n_levels):
-            n = weight_below[edges[j + 1]] - weight_below[edges[j]]
-            s = total_below[edges[j + 1]] - total_below[edges[j]]
-            moved[j] = s / n if n > 0 and not fixed[j] else levels[j]
-            same &= moved[j] == levels[j]
-        if same:
-            break
-        levels, moved = moved, levels
-    return levels
+    weight_below, total_below = _prefix_sums(points, weight)
+    return _lloyd_moves(points, weight_below, total_below, levels, fixed, iterations)
+
+
+@jit
+def _cells(values, weights):  # pragma: no cover - compiled
+    """The distinct values of sorted ``values`` [N] and their weights, one pass:
+    (distinct [D] float64, freq [D] float64, total). ``weights`` [N] float64, or empty:
+    one element each (the counts then exact)."""
+    count = values.size
+    distinct = np.empty(count)                                                   # [D] each value once
+    freq = np.empty(count)                                                       # [D] its weight
+    cells = 0
+    if weights.size == 0:
+        repeats = 1  # values[i - 1]'s count so far
+        for i in range(1, count):
+            if values[i] != values[i - 1]:
+                distinct[cells] = values[i - 1]
+                freq[cells] = repeats
+                cells += 1
+                repeats = 0
+            repeats += 1
+        last, total = float(repeats), float(count)
+    else:
+        last = total = weights[0]  # a register, not freq[cells]: no store-to-load chain per repeat
+        for i in range(1, count):
+            w = weights[i]
+            total += w
+            if values[i] != values[i - 1]:
+                distinct[cells] = values[i - 1]
+                freq[cells] = last
+                cells += 1
+                last = w
+            else:
+                last += w
+    distinct[cells] = values[count - 1]
+    freq[cells] = last
+    return distinct[:cells + 1], freq[:cells + 1], total
+
+
+@jit
+def _free_cells(freq, total, levels_n, pin_ends):  # pragma: no cover - compiled
+    """[D] bool: the cells not pinned. Pinned: every cell of at least ``1/(2L)`` of ``total``
+    (the heaviest ``L/2`` at most, ``L/2 - 2`` with the ends: ``min(L/2, L - 2)``; ties by
+    position) and, with ``pin_ends``, the first and the last."""
+    cells = freq.size
+    limit = min(levels_n // 2, levels_n - 2) if pin_ends else levels_n // 2
+    free = np.ones(cells, dtype=np.bool_)
+    heavy_n = 0
+    for c in range(cells):
+        heavy = freq[c] * (2 * levels_n) >= total
+        free[c] = not heavy
+        heavy_n += heavy
+    if heavy_n > limit:
+        heavy = np.nonzero(~free)[0]
+        heavy = heavy[np.argsort(-freq[heavy], kind="mergesort")[:limit]]
+        free[:] = True
+        free[heavy] = False
+    if pin_ends:
+        free[0] = False
+        free[cells - 1] = False
+    return free
 
 
 @jit
 def fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from,
                       neighbours):  # pragma: no cover - compiled
     """``lloydmax``'s host fit in one call (``lloydmax._encode_host``): values [N] sorted,
-    finite, not all equal; weights [N] float64 (the elements each value stands for)
-    -> (levels [L] float64 sorted, pinned [L] bool).
+    finite, not all equal; weights [N] float64 (the elements each value stands for), or
+    empty: one each -> (levels [L] float64 sorted, pinned [L] bool).
 
     Each distinct value is a cell of its own, its weight the sum of its values' weights.
     Spikes: every cell holding ``1/(2L)`` of the total weight (the heaviest ``L/2`` at
@@ -177,77 +260,65 @@ def fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from
     free) are pinned. The free levels start at equal-weight quantiles of the other cells,
     each weighted by ``density**(-2/3)`` (``neighbours`` cells on either side over their
     span, at least ``cell``); a cell hit by several quantiles is taken once and the
-    quantiles recomputed with more targets (8 rounds at most). Then ``lloyd_steps``.
+    quantiles recomputed with more targets (8 rounds at most). Then the Lloyd steps
+    (``lloyd_steps``, on the running sums the density took too).
     """
-    count = values.size
-    distinct = np.empty(count)                                                   # [D] each value once
-    freq = np.empty(count)                                                       # [D] its weight
-    cells = 0
-    for i in range(count):
-        if i == 0 or values[i] != values[i - 1]:
-            distinct[cells] = values[i]
-            freq[cells] = weights[i]
-            cells += 1
+    distinct, freq, total = _cells(values, weights)
+    free = _free_cells(freq, total, levels_n, levels_n >= pin_ends_from)
+    free_count = 0
+    for c in range(free.size):
+        free_count += free[c]
+    spikes = np.empty(free.size - free_count)                                    # [P] sorted
+    mean = np.empty(free_count)                                                  # [E]
+    weight = np.empty(free_count)                                                # [E]
+    p = e = 0
+    for c in range(free.size):
+        if free[c]:
+            mean[e] = distinct[c]
+            weight[e] = freq[c]
+            e += 1
         else:
-            freq[cells - 1] += weights[i]
-    distinct, freq = distinct[:cells], freq[:cells]
-    total = 0.0
-    for i in range(count):
-        total += weights[i]
-    heavy = np.nonzero(freq * (2 * levels_n) >= total)[0]
-    pin_ends = levels_n >= pin_ends_from
-    limit = min(levels_n // 2, levels_n - 2) if pin_ends else levels_n // 2
-    if heavy.size > limit:
-        heavy = np.sort(heavy[np.argsort(-freq[heavy], kind="mergesort")[:limit]])
-    free = np.ones(cells, dtype=np.bool_)
-    free[heavy] = False
-    if pin_ends:
-        free[0] = False
-        free[cells - 1] = False
-    spikes = distinct[~free]                                                     # [P] sorted
-    mean = distinct[free]                                                        # [E]
-    weight = freq[free]                                                          # [E]
+            spikes[p] = distinct[c]
+            p += 1
+    weight_below, total_below = _prefix_sums(mean, weight)
     free_n = levels_n - spikes.size
-    chosen = _spread(_scores(weight, _density(mean, weight, cell, neighbours)), free_n)
+    chosen = _spread(_scores(mean, weight, weight_below, cell, neighbours), free_n)
     start = mean[chosen] if chosen.size else spikes[:1]
     start = start[:free_n]
-    if start.size < free_n:  # fewer values than free levels: repeat the top one (unused)
-        start = np.concatenate((start, np.full(free_n - start.size, start[-1])))
-    both = np.concatenate((spikes, start))
-    order = np.argsort(both, kind="mergesort")
-    levels = both[order]                                                         # [L]
-    pinned = order < spikes.size
+    levels = np.empty(levels_n)                                                  # [L]
+    pinned = np.zeros(levels_n, dtype=np.bool_)
+    p = e = 0
+    for j in range(levels_n):  # spikes and starts merged, a spike first on a tie
+        if e >= free_n or (p < spikes.size and spikes[p] <= (start[e] if e < start.size else start[-1])):
+            levels[j] = spikes[p]
+            pinned[j] = True
+            p += 1
+        else:  # fewer values than free levels: the top one repeats (unused)
+            levels[j] = start[e] if e < start.size else start[-1]
+            e += 1
     if mean.size and iterations:
-        levels = lloyd_steps(mean, weight, levels, pinned, iterations)
+        levels = _lloyd_moves(mean, weight_below, total_below, levels, pinned, iterations)
     return levels, pinned
 
 
 @jit
-def _density(mean, weight, cell, neighbours):  # pragma: no cover - compiled
-    """[E] weight per unit over ``neighbours`` points on either side (a span of at least ``cell``)."""
+def _scores(mean, weight, weight_below, cell, neighbours):  # pragma: no cover - compiled
+    """[E] ``weight * density**(-2/3)``: mean [E] sorted, weight [E] > 0, weight_below [E + 1]
+    their running sums; the density the weight per unit over ``neighbours`` points on either
+    side (a span of at least ``cell``). ``density**(-1/3)`` from a guess read off the float64
+    bits (the exponent divided by -3) and three Newton steps ``r (4 - d r**3) / 3`` (relative
+    error under 1e-9, where float32 ``powf`` had 1e-6 and took twice the time), the power
+    itself for a density outside (1e-30, 1e30)."""
     n = mean.size
-    below = np.zeros(n + 1)
-    for i in range(n):
-        below[i + 1] = below[i] + weight[i]
     density = np.empty(n)
     for i in range(n):
         lo, hi = max(i - neighbours, 0), min(i + neighbours, n - 1)
-        density[i] = (below[hi + 1] - below[lo]) / max(mean[hi] - mean[lo], cell)
-    return density
-
-
-@jit
-def _scores(weight, density):  # pragma: no cover - compiled
-    """``weight * density**(-2/3)`` [E], density > 0: ``density**(-1/3)`` from a guess read off
-    the float64 bits (the exponent divided by -3) and three Newton steps ``r (4 - d r**3) / 3``
-    (relative error under 1e-9, where float32 ``powf`` had 1e-6 and took twice the time), the
-    power itself for a density outside (1e-30, 1e30)."""
-    n = weight.size
+        density[i] = (weight_below[hi + 1] - weight_below[lo]) / max(mean[hi] - mean[lo], cell)
     scores = np.empty(n)
     guess = scores.view(np.int64)
     bits = density.view(np.int64)
     for i in range(n):
-        guess[i] = _CUBE_ROOT_MAGIC - bits[i] // 3
+        guess[i] = np.int64(np.int32(_CUBE_ROOT_MAGIC) - np.int32(bits[i] >> 32) // np.int32(3)) << 32
     third = 1.0 / 3.0
     for i in range(n):
         d, r = density[i], scores[i]
@@ -335,7 +406,7 @@ def tail_fit_values(x, sample, tail_ranks):  # pragma: no cover - compiled
 def lloydmax_codes(x, values, weights, levels_n, iterations, cell, pin_ends_from, neighbours,
                    out):  # pragma: no cover - compiled
     """``lloydmax``'s host encode past its fit sample, one call: the levels fitted on
-    ``values``/``weights`` (``fit_levels_sorted``), rounded to float32, and each element of
+    ``values``/``weights`` (``fit_levels_sorted``; weights empty: one element each), rounded to float32, and each element of
     x [N] coded as its nearest (``count_below`` of the midpoints) -> out [N] (uint8),
     written; returns the codebook [L] float32."""
     levels, _ = fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from, neighbours)

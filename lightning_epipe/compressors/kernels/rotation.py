@@ -74,7 +74,8 @@ def fwht_rows(z, n, scale):  # pragma: no cover - compiled
     each ``2h``, for h = 1, 2, ..., n / 2, then every element times ``scale`` (float32).
     Stages h = 1, 2, 4 run on eight values at a time, later ones two at a time (four values
     ``h`` apart), and the last scales as it stores: the same operations on the same values,
-    so the same bits as stage after stage."""
+    so the same bits as stage after stage. Indices are unsigned (no wraparound select per
+    access), so the compiler vectorizes the loops."""
     if n < 8:
         h = 1
         while h < n:
@@ -87,42 +88,51 @@ def fwht_rows(z, n, scale):  # pragma: no cover - compiled
         for j in range(z.size):
             z[j] = z[j] * scale
         return
-    for base in range(0, z.size, 8):
-        _butterflies8(z, base)
-    h = 8
+    _butterflies8(z)
+    h = np.uint64(8)
     while 4 * h <= n:  # stages h and 2h
-        last = 4 * h == n
-        for start in range(0, z.size, 4 * h):
-            for j in range(start, start + h):
-                a0, a1, a2, a3 = z[j], z[j + h], z[j + 2 * h], z[j + 3 * h]
-                b0, b1, b2, b3 = a0 + a1, a0 - a1, a2 + a3, a2 - a3
-                if last:
-                    z[j], z[j + h] = (b0 + b2) * scale, (b1 + b3) * scale
-                    z[j + 2 * h], z[j + 3 * h] = (b0 - b2) * scale, (b1 - b3) * scale
-                else:
-                    z[j], z[j + h], z[j + 2 * h], z[j + 3 * h] = b0 + b2, b1 + b3, b0 - b2, b1 - b3
-        h *= 4
+        _butterflies4(z, h, scale, 4 * h == n)
+        h *= np.uint64(4)
     if h == n:  # the stages ended on a pair (or n = 8)
         if n == 8:
             for j in range(z.size):
                 z[j] = z[j] * scale
         return
     for start in range(0, z.size, n):  # the last stage, h = n / 2
-        for j in range(start, start + h):
+        for k in range(h):
+            j = np.uint64(start) + k
             a, b = z[j], z[j + h]
             z[j] = (a + b) * scale
             z[j + h] = (a - b) * scale
 
 
 @jit
-def _butterflies8(z, base):  # pragma: no cover - compiled
-    """Stages h = 1, 2, 4 of ``fwht_rows`` on the eight values from ``base``."""
-    a0, a1, a2, a3 = z[base], z[base + 1], z[base + 2], z[base + 3]
-    a4, a5, a6, a7 = z[base + 4], z[base + 5], z[base + 6], z[base + 7]
-    b0, b1, b2, b3, b4, b5, b6, b7 = a0 + a1, a0 - a1, a2 + a3, a2 - a3, a4 + a5, a4 - a5, a6 + a7, a6 - a7
-    c0, c1, c2, c3, c4, c5, c6, c7 = b0 + b2, b1 + b3, b0 - b2, b1 - b3, b4 + b6, b5 + b7, b4 - b6, b5 - b7
-    z[base], z[base + 1], z[base + 2], z[base + 3] = c0 + c4, c1 + c5, c2 + c6, c3 + c7
-    z[base + 4], z[base + 5], z[base + 6], z[base + 7] = c0 - c4, c1 - c5, c2 - c6, c3 - c7
+def _butterflies8(z):  # pragma: no cover - compiled
+    """Stages h = 1, 2, 4 of ``fwht_rows`` on each eight values of z [8 G]."""
+    for g in range(z.size // 8):
+        i = np.uint64(8 * g)
+        a0, a1, a2, a3 = z[i], z[i + 1], z[i + 2], z[i + 3]
+        a4, a5, a6, a7 = z[i + 4], z[i + 5], z[i + 6], z[i + 7]
+        b0, b1, b2, b3, b4, b5, b6, b7 = a0 + a1, a0 - a1, a2 + a3, a2 - a3, a4 + a5, a4 - a5, a6 + a7, a6 - a7
+        c0, c1, c2, c3, c4, c5, c6, c7 = b0 + b2, b1 + b3, b0 - b2, b1 - b3, b4 + b6, b5 + b7, b4 - b6, b5 - b7
+        z[i], z[i + 1], z[i + 2], z[i + 3] = c0 + c4, c1 + c5, c2 + c6, c3 + c7
+        z[i + 4], z[i + 5], z[i + 6], z[i + 7] = c0 - c4, c1 - c5, c2 - c6, c3 - c7
+
+
+@jit
+def _butterflies4(z, h, scale, last):  # pragma: no cover - compiled
+    """Stages h and 2h of ``fwht_rows`` on each four values ``h`` apart of z [4h G] (h
+    unsigned; ``last``: each result times ``scale``)."""
+    for start in range(0, z.size, 4 * h):
+        for k in range(h):
+            j = np.uint64(start) + k
+            a0, a1, a2, a3 = z[j], z[j + h], z[j + 2 * h], z[j + 3 * h]
+            b0, b1, b2, b3 = a0 + a1, a0 - a1, a2 + a3, a2 - a3
+            if last:
+                z[j], z[j + h] = (b0 + b2) * scale, (b1 + b3) * scale
+                z[j + 2 * h], z[j + 3 * h] = (b0 - b2) * scale, (b1 - b3) * scale
+            else:
+                z[j], z[j + h], z[j + 2 * h], z[j + 3 * h] = b0 + b2, b1 + b3, b0 - b2, b1 - b3
 
 
 @jit
@@ -177,25 +187,26 @@ def hadamard_rotate(x, seed, n, min_exponent, z, sigma):  # pragma: no cover - c
     hadamard_signs(seed, signs)
     for base in range(0, z.size, n):
         for j in range(n):
-            z[base + j] = z[base + j] * signs[j]
+            at = np.uint64(base) + np.uint64(j)  # unsigned: no wraparound select, vectorized
+            z[at] = z[at] * signs[j]
     fwht_rows(z, n, transform_scale(n))
     squares = np.empty(n, dtype=np.float32)
     word = np.empty(1, dtype=np.uint32)
     width = np.float32(n)
     for r in range(sigma.size):
-        base = r * n
+        base = np.uint64(r * n)
         for j in range(n):
-            squares[j] = z[base + j] * z[base + j]
-        half = n // 2
+            squares[j] = z[base + np.uint64(j)] * z[base + np.uint64(j)]
+        half = np.uint64(n // 2)
         while half >= 1:
             for j in range(half):
                 squares[j] = squares[j] + squares[j + half]
-            half //= 2
+            half //= np.uint64(2)
         sigma[r] = _bfloat16_bits(np.sqrt(squares[0] / width), word)
         rms = _bfloat16_value(sigma[r], word)
         if rms > 0:
             for j in range(n):
-                z[base + j] = z[base + j] / rms
+                z[base + np.uint64(j)] = z[base + np.uint64(j)] / rms
     return exponent
 
 
@@ -264,6 +275,7 @@ def hadamard_decode(raw, count, low, high, out):  # pragma: no cover - compiled
     first, second = exponent_factors(exponent)
     for base in range(0, count, n):
         for j in range(min(n, count - base)):
-            value = np.float64(z[base + j] * signs[j]) * first * second
-            out[base + j] = min(max(value, low), high)
+            at = np.uint64(base) + np.uint64(j)
+            value = np.float64(z[at] * signs[j]) * first * second
+            out[at] = min(max(value, low), high)
     return 0
