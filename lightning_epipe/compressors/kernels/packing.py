@@ -36,20 +36,24 @@ def _pack(codes, width, out):  # pragma: no cover - compiled
     base = planes * n
     top = 8 * planes
     mask = (1 << rest) - 1
-    if rest == 4:  # two codes a byte, spelled out: the compiler vectorizes it
-        for j in range(n // 2):
-            out[base + j] = ((codes[2 * j] >> top) & 15) | (((codes[2 * j + 1] >> top) & 15) << 4)
-        if n % 2:
-            out[base + n // 2] = (codes[n - 1] >> top) & 15
-        return
     if 8 % rest == 0:  # whole codes a byte
         per_byte = 8 // rest
         full = n // per_byte
-        for j in range(full):
-            byte = 0
-            for k in range(per_byte):
-                byte |= ((codes[j * per_byte + k] >> top) & mask) << (k * rest)
-            out[base + j] = byte
+        start = np.uint64(base)  # unsigned: no wraparound select, so the loops vectorize
+        if rest == 4:  # spelled out, so the compiler vectorizes them
+            for j in range(full):
+                out[start + np.uint64(j)] = ((codes[2 * j] >> top) & 15) | (((codes[2 * j + 1] >> top) & 15) << 4)
+        elif rest == 2:
+            for j in range(full):
+                out[start + np.uint64(j)] = (((codes[4 * j] >> top) & 3) | (((codes[4 * j + 1] >> top) & 3) << 2)
+                                             | (((codes[4 * j + 2] >> top) & 3) << 4)
+                                             | (((codes[4 * j + 3] >> top) & 3) << 6))
+        else:
+            for j in range(full):
+                byte = 0
+                for k in range(8):
+                    byte |= ((codes[8 * j + k] >> top) & 1) << k
+                out[start + np.uint64(j)] = byte
         if full * per_byte < n:
             byte = 0
             for k in range(n - full * per_byte):
