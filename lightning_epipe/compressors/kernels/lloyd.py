@@ -406,9 +406,9 @@ def tail_fit_values(x, sample, tail_ranks):  # pragma: no cover - compiled
 def lloydmax_codes(x, values, weights, levels_n, iterations, cell, pin_ends_from, neighbours,
                    out):  # pragma: no cover - compiled
     """``lloydmax``'s host encode past its fit sample, one call: the levels fitted on
-    ``values``/``weights`` (``fit_levels_sorted``; weights empty: one element each), rounded to float32, and each element of
-    x [N] coded as its nearest (``count_below`` of the midpoints) -> out [N] (uint8),
-    written; returns the codebook [L] float32."""
+    ``values``/``weights`` (``fit_levels_sorted``; weights empty: one element each), rounded
+    to float32, and each element of x [N] coded as its nearest (``count_below`` of the
+    midpoints) -> out [N] (uint8), written; returns the codebook [L] float32."""
     levels, _ = fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from, neighbours)
     codebook = levels.astype(np.float32)
     wide = codebook.astype(np.float64)
