@@ -14,6 +14,12 @@ CODECS = {
     "auto": {"compressor": "auto", "compressor_kwargs": {"retune_every": 1000}},
 }
 
+#: more codecs, run where a script is asked for them by name (``slow_link.py --methods``)
+NAMED = {
+    "lloydmax-4": {"compressor": "lloydmax", "bits": 4},
+    "hadamard-4": {"compressor": "hadamard", "bits": 4},
+}
+
 #: codecs that learn with the model, run where a script is asked for them by name: the
 #: bottleneck is sized and PCA-started on the module's ``example_input_array`` (``worker.py``
 #: gives it the first micro-batch of the run's data)

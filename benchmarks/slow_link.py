@@ -30,7 +30,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.codecs import CODECS, LEARNED  # noqa: E402
+from benchmarks.codecs import CODECS, LEARNED, NAMED  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     axes, finish, fmt, load_average, markdown_table, median_spread, netns_available, rep_ratios, repeat_round, run,
     slow_loopback, write_json,
@@ -46,7 +46,7 @@ def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Option
         with slow_loopback(name, rate) as ns:
             configs = {label: {"kind": "epipe", "codec": codec} for label, codec in CODECS.items()
                        if not methods or label in methods or label == "none"}
-            configs.update({label: {"kind": "epipe", "codec": codec} for label, codec in LEARNED.items()
+            configs.update({label: {"kind": "epipe", "codec": codec} for label, codec in {**NAMED, **LEARNED}.items()
                             if methods and label in methods})
             if ddp:
                 configs["ddp"] = {"kind": "ddp"}
@@ -135,7 +135,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int)
     parser.add_argument("--ddp", action="store_true", help="also DDP at every rate (slow: it all-reduces the weights)")
     parser.add_argument("--methods", nargs="+",
-                        help=f"codecs to run (none always runs): {list(CODECS)}, or learned ones {list(LEARNED)}")
+                        help=f"codecs to run (none always runs): {list(CODECS)}, or by name {list(NAMED)} and learned "
+                             f"ones {list(LEARNED)}")
     parser.add_argument("--out", default="slow_link.json", help="file name under benchmarks/results")
     parser.add_argument("--repeats", type=int, default=3, help="repetitions round the methods at each rate (median, spread)")
     args = parser.parse_args()

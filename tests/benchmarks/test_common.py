@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from benchmarks.codecs import CODECS
+from benchmarks.codecs import CODECS, NAMED
 from benchmarks.common import fmt, markdown_table, median_spread, rep_ratios, repeat_round
 from benchmarks.models import StackRegressor, build_layers, make_data
 from benchmarks.slow_link import break_even, median_speedups, speedups, tables
@@ -63,7 +63,7 @@ def test_models_are_sequential_stacks(name):
 def test_codec_labels_are_strategy_arguments():
     from lightning_epipe import EPipeStrategy
 
-    for codec in CODECS.values():
+    for codec in {**CODECS, **NAMED}.values():
         EPipeStrategy(chunks=2, **codec)
 
 
