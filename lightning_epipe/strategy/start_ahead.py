@@ -6,8 +6,9 @@ critical path of a pipeline with few micro-batches: every stage waits for that r
 forward. A server needs none of it before its forward, so :class:`StartAhead`, first among a
 server's callbacks, runs that forward (under 1F1B the step's tasks up to its first backward)
 at the end of each training batch where the client has already begun the next one
-(``engine/server_loop.start_next_step``; docs/engine.md, "Servers start the next step ahead"). Not at an epoch's last batch: the hooks at an epoch's
-end may change weights (pruning, averaging).
+(``engine/server_loop.start_next_step``; docs/engine.md, "Servers start the next step
+ahead"). Not at an epoch's last batch: the hooks at an epoch's end may change weights
+(pruning, averaging).
 """
 
 from __future__ import annotations

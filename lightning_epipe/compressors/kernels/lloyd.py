@@ -289,12 +289,14 @@ def fit_levels_sorted(values, weights, levels_n, iterations, cell, pin_ends_from
     pinned = np.zeros(levels_n, dtype=np.bool_)
     p = e = 0
     for j in range(levels_n):  # spikes and starts merged, a spike first on a tie
-        if e >= free_n or (p < spikes.size and spikes[p] <= (start[e] if e < start.size else start[-1])):
+        value = start[min(e, start.size - 1)]  # fewer values than free levels: the top one repeats (unused);
+        # start is never empty: spikes take at most L/2 levels and the ends two, so free_n >= 1
+        if e >= free_n or (p < spikes.size and spikes[p] <= value):
             levels[j] = spikes[p]
             pinned[j] = True
             p += 1
-        else:  # fewer values than free levels: the top one repeats (unused)
-            levels[j] = start[e] if e < start.size else start[-1]
+        else:
+            levels[j] = value
             e += 1
     if mean.size and iterations:
         levels = _lloyd_moves(mean, weight_below, total_below, levels, pinned, iterations)
