@@ -59,7 +59,9 @@ def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Option
 
             for label, runs in repeat_round(configs, repeats, launch).items():
                 rows.append({"rate_mbit": rate, "method": label, "samples_per_s": runs["samples_per_s"],
-                             "errors": runs["errors"], "ratio": runs["last"].get("ratio")})
+                             "errors": runs["errors"], "ratio": runs["last"].get("ratio")}
+                            | ({"auto": runs["last"].get("auto"), "auto_decisions": runs["last"].get("auto_decisions")}
+                               if label == "auto" else {}))
     return rows
 
 
@@ -133,6 +135,8 @@ def main() -> None:
     parser.add_argument("--placement", default="chain", choices=["chain", "client-server"])
     parser.add_argument("--balance", nargs="+", type=int, help="layers per stage (default: by parameters)")
     parser.add_argument("--steps", type=int)
+    parser.add_argument("--warmup", type=int, help="steps before timing starts (default: a fifth of --steps, >= 2; "
+                                                   "auto's trials end at step 14 or later, see benchmarks/README.md)")
     parser.add_argument("--ddp", action="store_true", help="also DDP at every rate (slow: it all-reduces the weights)")
     parser.add_argument("--methods", nargs="+",
                         help=f"codecs to run (none always runs): {list(CODECS)}, or by name {list(NAMED)} and learned "
@@ -147,7 +151,7 @@ def main() -> None:
     rates = args.rates or ([10, 50, 200, 500, 1000] if args.full else [50, 200, 1000])
     steps = args.steps or (40 if args.full else 10)
     base = dict(model=args.model, devices=args.devices, batch=args.batch, chunks=args.chunks, steps=steps,
-                warmup=max(2, steps // 5), full=args.full, timeout=600, placement=args.placement,
+                warmup=args.warmup if args.warmup is not None else max(2, steps // 5), full=args.full, timeout=600, placement=args.placement,
                 balance=args.balance)
     load_before = load_average()
     print(load_before, flush=True)

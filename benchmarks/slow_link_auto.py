@@ -13,7 +13,8 @@ loopback is shaped by ``tc qdisc add dev lo root tbf rate R burst 1mbit latency 
 namespace is deleted afterwards whatever happens. The loopback carries both directions, so
 the limit is on their sum. Repetitions go round the methods, so the methods of one
 repetition run side by side. samples/s are timed after ``--warmup`` steps (auto's first
-decisions come at steps 1, 2, 4, ...; they are inside the warm-up by default).
+decisions come at steps 1, 2, 4, 8; a trial begun at step 8 ends at step 14: all inside the
+default warm-up of 16 steps).
 
 Reported per rate: the median samples/s of each method and its spread, auto's speed over the
 best fixed codec's, and the codecs auto chose (with its reasons in the JSON). Run it on an
@@ -131,8 +132,8 @@ def main() -> None:
                         help="Mbit/s, or 'unlimited'")
     parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5, help="steps before timing starts")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=16, help="steps before timing starts")
     parser.add_argument("--out", default="slow_link_auto.json", help="file name under benchmarks/results (or a full path)")
     args = parser.parse_args()
     reason = netns_available()

@@ -193,7 +193,7 @@ def test_topk_on_the_gpu_keeps_the_hosts_positions_ties_and_nan_included(n):
 @one_gpu
 @pytest.mark.parametrize("n", [37, 4096, 32768])
 def test_lloydmax_of_a_small_gpu_tensor_is_the_cpus_packet(n):
-    """Up to ``SORTED_FIT_MAX`` elements lloydmax fits on the host, whatever the tensor's device."""
+    """Up to ``DEVICE_SORTED_FIT_MAX`` elements lloydmax fits a GPU tensor on the host."""
     x = sample((n,), torch.float32)
     case = ("lloydmax", {"bits": 4})
     assert torch.equal(make(case).encode(x.cuda()).to_bytes().cpu(), make(case).encode(x).to_bytes())

@@ -16,7 +16,10 @@ from lightning_epipe.compressors import profile as codec_profile
 from lightning_epipe.strategy import plan_pipeline
 from lightning_epipe.strategy.compression.codec_book import CodecBook, resolve_specs
 from lightning_epipe.strategy.comm.linkrate import Arrivals, Transfer, TransferWindow
-from lightning_epipe.strategy.compression.auto_choice import choices_to_json
+from lightning_epipe.strategy.compression.auto_choice import LinkChoice, choices_from_json, choices_to_json
+from lightning_epipe.strategy.compression.auto_trial import (
+    TRIAL_STEPS, Trial, median_step_seconds, slowest_step_seconds,
+)
 from lightning_epipe.strategy.compression.auto_tuner import AutoTuner, hidden_seconds, messages_per_microbatch
 
 PLAN = plan_pipeline(4, 2, [1, 2, 1])  # stage ranks (0, 1, 0): rank 0 sends activation/cut0 and gradient/cut1 to rank 1
@@ -61,15 +64,16 @@ class World:
         self.probes: list[tuple[int, int]] = []
         self.reports: list[dict] = []
         self.peer_choices: list = []  # LinkChoices rank 1 announces at every check
-        self._calls = 0
+        self.now = 0.0  # rank 0's clock (time.perf_counter)
+        self._phase = "report"
 
     def broadcast_json(self, value, device, src):
-        self._calls += 1
-        if src == 0:
-            if self._calls % 4 == 1:
+        if src == 0:  # rank 0 goes first: its report (a dict), then its choices (a list)
+            self._phase = "report" if isinstance(value, dict) else "choices"
+            if self._phase == "report":
                 self.reports.append(value)
             return json.loads(json.dumps(value, allow_nan=False))  # what crosses the wire is strict JSON
-        return self.peer_report if self._calls % 4 == 2 else choices_to_json(self.peer_choices)  # report, then choices
+        return self.peer_report if self._phase == "report" else choices_to_json(self.peer_choices)
 
     def probe(self, src, dst, nbytes, rank, device):
         self.probes.append((src, dst))
@@ -78,7 +82,8 @@ class World:
     def check(self, tuner, step, codecs, rates=None, compute=(0.0, 0), arrivals=None):
         samples = {("activation", 0): torch.randn(64, 256), ("gradient", 1): torch.randn(64, 256)}
         with mock.patch("lightning_epipe.strategy.compression.auto_tuner.broadcast_json", self.broadcast_json), \
-                mock.patch("lightning_epipe.strategy.comm.collectives.probe_bandwidth", self.probe):
+                mock.patch("lightning_epipe.strategy.comm.collectives.probe_bandwidth", self.probe), \
+                mock.patch("lightning_epipe.strategy.compression.auto_tuner.time.perf_counter", lambda: self.now):
             return tuner.maybe_retune(step, PLAN, 0, codecs, samples, CPU, 0, rates or {}, compute, arrivals)
 
 
@@ -263,3 +268,89 @@ def test_a_bottleneck_the_user_asked_for_stays_beside_auto_gradients():
     assert all(s.bottleneck is not None and not s.auto for s in codecs.specs["activation"])
     with pytest.raises(ValueError, match="wire='auto' is not supported"):
         Bottleneck(wire="auto")
+
+
+def run_steps(world, tuner, codecs, steps, step_s, rates, compute_per_step=(10.0, 10)):
+    """Call the tuner at the start of every step in ``steps`` (as the strategy does), each step
+    ``step_s`` long on both ranks; rank 1 computes 10 s per micro-batch (every transfer hides)."""
+    made = []
+    for step in steps:
+        world.peer_report |= {"step_s": step_s, "compute_s": compute_per_step[0] * step * 10,
+                              "microbatches": compute_per_step[1] * step}
+        made += [(step, c) for c in world.check(tuner, step, codecs, rates, compute=(0.001 * step, 10 * step))]
+        world.now += step_s
+    return made
+
+
+def test_a_late_link_the_model_keeps_uncompressed_is_tried_and_kept_when_steps_get_shorter():
+    """The model hides every transfer behind rank 1's compute, but rank 1 waited for every frame
+    (0 of 16 in time): the exposed model's codec runs TRIAL_STEPS steps and stays, the steps shorter."""
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    rates = {1: window(1 * MB)}
+    made = run_steps(world, tuner, codecs, range(1, 4), 0.2, rates)
+    assert {c.label for _, c in made} == {"none"} and all("ms of compute hides a transfer" in c.reason for _, c in made)
+    made = run_steps(world, tuner, codecs, [4], 0.2, rates)  # three step times known: a trial
+    assert {(s, c.label, c.trial) for s, c in made} == {(4, "quantize(bits=8)", True)} and len(made) == 2
+    assert all(f"trial for {TRIAL_STEPS} steps: the model keeps none (none: " in c.reason and "0 of 16 frames were"
+               in c.reason and "with no transfer hidden quantize(bits=8): 16.5 ms/msg" in c.reason for _, c in made)
+    assert codecs.specs["activation"][0].name == "quantize" and not tuner.due(8) and tuner.due(4 + TRIAL_STEPS)
+    made = run_steps(world, tuner, codecs, range(5, 5 + TRIAL_STEPS), 0.1, {1: window(4 * MB)})
+    assert {(s, c.label, c.trial) for s, c in made} == {(4 + TRIAL_STEPS, "quantize(bits=8)", False)}
+    assert all(c.reason.startswith("kept after its trial: 100 ms a step against 200 ms before it") for _, c in made)
+    assert all(c.bandwidth == pytest.approx(4 * MB) for _, c in made)  # drift is measured from the codec's traffic
+    assert codecs.specs["activation"][0].name == "quantize" and codecs.specs["gradient"][1].name == "quantize"
+
+
+def test_a_trial_that_does_not_shorten_the_steps_goes_back_and_is_not_tried_again_at_that_rate():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    rates = {1: window(1 * MB)}
+    run_steps(world, tuner, codecs, range(1, 5), 0.2, rates)
+    assert codecs.specs["activation"][0].name == "quantize"  # on trial
+    made = run_steps(world, tuner, codecs, range(5, 5 + TRIAL_STEPS), 0.19, rates)  # 5% shorter: noise
+    assert {c.label for _, c in made} == {"none"} and len(made) == 2
+    assert all(c.reason.startswith("back from a trial of quantize(bits=8): 190 ms a step against 200 ms") for _, c in made)
+    assert codecs.specs["activation"][0].name == "none" and codecs.specs["gradient"][1].name == "none"
+    assert run_steps(world, tuner, codecs, range(11, 41), 0.2, {1: window(1.2 * MB)}) == []  # tried at this rate
+    made = run_steps(world, tuner, codecs, range(41, 81), 0.2, {1: window(0.3 * MB)})  # the rate fell: try again
+    assert {(s, c.label, c.trial) for s, c in made} == {(80, "quantize(bits=8)", True)}
+
+
+def test_a_trial_survives_a_checkpoint_and_ends_at_its_step():
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    run_steps(world, tuner, codecs, range(1, 5), 0.2, {1: window(1 * MB)})
+    state = json.loads(json.dumps(tuner.state_dict(), allow_nan=False))
+    assert state["trial"]["start"] == 4 and state["trial"]["previous"][0]["label"] == "none"
+    fresh, fresh_codecs = AutoTuner(candidates=CANDIDATES), book()
+    fresh.load_state_dict(state, fresh_codecs)
+    assert fresh.state_dict() == state and fresh_codecs.specs["gradient"][1].name == "quantize"
+    assert not fresh.due(4 + TRIAL_STEPS - 1) and fresh.due(4 + TRIAL_STEPS)
+    # resumed at the verdict's step with no step timed yet: the trial runs on
+    assert run_steps(world, fresh, fresh_codecs, [4 + TRIAL_STEPS], 0.1, {1: window(1 * MB)}) == []
+    made = run_steps(world, fresh, fresh_codecs, range(5 + TRIAL_STEPS, 5 + 2 * TRIAL_STEPS), 0.1, {1: window(1 * MB)})
+    assert {(s, c.label) for s, c in made} == {(4 + 2 * TRIAL_STEPS, "quantize(bits=8)")}
+    assert all(c.reason.startswith("kept after its trial") for _, c in made)
+
+
+def test_no_trial_where_the_receiver_found_the_frames_in_time_or_the_model_compresses():
+    world, tuner, codecs = World(ready=16, total=16), AutoTuner(candidates=CANDIDATES), book()
+    assert {c.trial for _, c in run_steps(world, tuner, codecs, range(1, 20), 0.2, {1: window(1 * MB)})} == {False}
+    world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
+    made = run_steps(world, tuner, codecs, range(1, 20), 0.2, {1: window(1 * MB)}, compute_per_step=(0.0, 10))
+    assert [(s, c.label, c.trial) for s, c in made] == [(1, "quantize(bits=8)", False)] * 2
+
+
+def test_a_trial_choice_round_trips_and_a_bad_trial_flag_raises():
+    choice = LinkChoice(0, "activation", "fp16", "fp16", {}, 1e-3, 2e-3, 1e-4, "why", trial=True)
+    assert choices_from_json(json.dumps(choices_to_json([choice]))) == [choice]
+    entry = choices_to_json([choice])[0]
+    del entry["trial"]
+    assert choices_from_json([entry])[0].trial is False  # written before trials existed
+    with pytest.raises(ValueError, match="trial must be true or false"):
+        choices_from_json([entry | {"trial": "yes"}])
+
+
+def test_trial_verdicts_and_step_times():
+    trial = Trial(start=4, end=10, baseline_s=0.2, previous={(0, "activation"): None})
+    assert trial.keeps(0.17) and not trial.keeps(0.185) and Trial.from_json(trial.to_json()) == trial
+    assert median_step_seconds([0.0, 0.1]) is None and median_step_seconds([0.0, 1.0, 1.1, 1.2]) == pytest.approx(0.1)
+    assert slowest_step_seconds({0: {"step_s": 0.1}, 1: {"step_s": None}}) is None

@@ -113,8 +113,9 @@ class LinkChoice:
     seconds: predicted time per message of the chosen codec; baseline_seconds: that of
     ``none`` (the uncompressed message); error: the chosen codec's measured relative
     error; reason: one line for the log; ratio: its wire/raw bytes; bandwidth: the link's
-    bytes/s it was chosen for (``inf``: unlimited). Rebuild the codec with
-    ``get_compressor(choice.name, **choice.kwargs)``.
+    bytes/s it was chosen for (``inf``: unlimited); trial: in force for a trial, kept or undone
+    by the step times it brings (:mod:`~lightning_epipe.strategy.compression.auto_trial`).
+    Rebuild the codec with ``get_compressor(choice.name, **choice.kwargs)``.
     """
 
     cut: int
@@ -128,6 +129,7 @@ class LinkChoice:
     reason: str
     ratio: float = 1.0
     bandwidth: float = math.inf
+    trial: bool = False
 
     @property
     def speedup(self) -> float:
@@ -280,7 +282,7 @@ def needs_retune(old: LinkMeasurement | float, new_bandwidth: float,
 # -- JSON (choices are broadcast to every rank as text) -------------------------------------
 
 _FIELDS = tuple(f.name for f in fields(LinkChoice))
-_OPTIONAL = ("ratio", "bandwidth")  # absent from checkpoints written before they existed
+_OPTIONAL = ("ratio", "bandwidth", "trial")  # absent from checkpoints written before they existed
 _REQUIRED = tuple(f for f in _FIELDS if f not in _OPTIONAL)
 _JSON_SCALARS = (str, int, float, bool, type(None))
 
@@ -326,8 +328,10 @@ def choices_from_json(data: str | Sequence[Mapping[str, Any]]) -> list[LinkChoic
                 raise ValueError(f"choice {i}: {name} must be a str, got {entry[name]!r}")
         if not isinstance(entry["kwargs"], Mapping):
             raise ValueError(f"choice {i}: kwargs must be a dict, got {entry['kwargs']!r}")
+        if not isinstance(entry.get("trial", False), bool):
+            raise ValueError(f"choice {i}: trial must be true or false, got {entry['trial']!r}")
         numbers = {}
-        for name in ("seconds", "baseline_seconds", "error", *_OPTIONAL):
+        for name in ("seconds", "baseline_seconds", "error", "ratio", "bandwidth"):
             if name not in entry:
                 continue
             value = math.inf if name == "bandwidth" and entry[name] == "inf" else entry[name]
@@ -337,7 +341,7 @@ def choices_from_json(data: str | Sequence[Mapping[str, Any]]) -> list[LinkChoic
         choices.append(LinkChoice(cut=entry["cut"], direction=entry["direction"],
                                   label=entry["label"], name=entry["name"],
                                   kwargs=dict(entry["kwargs"]), reason=entry["reason"],
-                                  **numbers))
+                                  trial=entry.get("trial", False), **numbers))
     return choices
 
 

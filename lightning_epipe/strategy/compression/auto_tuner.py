@@ -37,6 +37,14 @@ then every ``retune_every`` steps:
    put 2x casts on a 100 Mbit/s link, 0.81x of the best fixed codec).
 4. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
    them, so the two ends of a link switch codecs at the same step.
+5. Where the cost model keeps an uncompressed link's ``none`` although its receiver found
+   fewer than :data:`~lightning_epipe.strategy.comm.linkrate.KEEPS_PACE` of the frames there
+   in time, the sender proposes a trial (:mod:`~lightning_epipe.strategy.compression.auto_trial`):
+   the codec the model picks with no transfer hidden runs for ``TRIAL_STEPS`` steps, and at
+   the next check every rank compares the slowest rank's median step with the one before
+   from the same reports, so every rank keeps it or goes back to ``none`` alike. A link is
+   tried once per rate (again only when its rate drifts beyond ``tolerance``); proposals of
+   one check are tried together, and no link is decided while a trial runs.
 
 Until a link's first decision it sends uncompressed. Candidates never include a
 learned bottleneck (it changes the model; combine ``compressor="bottleneck"`` with a fixed
@@ -47,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Mapping, Optional
 
 import torch
@@ -63,6 +72,9 @@ from lightning_epipe.strategy.compression.auto_choice import (
     default_error_budget,
     format_choices,
     needs_retune,
+)
+from lightning_epipe.strategy.compression.auto_trial import (
+    TRIAL_MARGIN, TRIAL_STEPS, Trial, median_step_seconds, slowest_step_seconds,
 )
 from lightning_epipe.strategy.compression.codec_book import CodecBook
 from lightning_epipe.strategy.comm.collectives import broadcast_json
@@ -148,11 +160,17 @@ class AutoTuner:
         self._arrival_marks: dict[tuple[str, int], Arrivals] = {}  # ... when the link's codec last changed
         self._first_check = True
         self._hidden: list[float] = []                          # the last HIDDEN_CHECKS checks' hidden_seconds
+        self._step_starts: list[float] = []                     # this rank's step start times since the last check
+        self._seen_step: Optional[int] = None
+        self._trial: Optional[Trial] = None                     # every rank: the trial in force
+        self._tried: dict[tuple[int, str], float] = {}          # every rank: link -> the rate it was last tried at
 
     def due(self, step: int) -> bool:
         """Whether to check before training step ``step`` (global steps taken so far)."""
         if step < 1:
             return False
+        if self._trial is not None:
+            return step >= self._trial.end
         if self._last_step is None:
             return True
         return step - self._last_step >= min(self._last_step, self.retune_every)
@@ -174,19 +192,27 @@ class AutoTuner:
         ``arrivals``: this rank's data frames received per (stream, peer) so far, and how many
         were there when it came to them (``Transport.arrivals``, cumulative).
         """
+        if step != self._seen_step:  # the first call of a step (not of each accumulated batch)
+            self._seen_step = step
+            self._step_starts.append(time.perf_counter())
         if not self.due(step):
             return []
         self.mark(step)
         reports = self._exchange(self._report(rates or {}, compute, arrivals or {}), plan, rank, offset, device)
         hidden_s = self._hidden_budget(hidden_seconds(reports))
-        mine = []
-        for direction, cut in codecs.auto_links():
-            choice = self._decide(direction, cut, plan, rank, samples, reports, hidden_s)
-            if choice is not None:
-                mine.append(choice)
-        made: list[LinkChoice] = []
-        for src in range(plan.num_ranks):  # replica 0's ranks: global rank == pipeline rank
-            made += choices_from_json(broadcast_json(choices_to_json(mine) if src == offset + rank else None, device, src))
+        step_s = slowest_step_seconds(reports)
+        if self._trial is not None:
+            made = self._verdict(step, plan, reports, step_s)
+        else:
+            mine = []
+            for direction, cut in codecs.auto_links():
+                choice = self._decide(direction, cut, plan, rank, samples, reports, hidden_s, step_s is not None)
+                if choice is not None:
+                    mine.append(choice)
+            made = []
+            for src in range(plan.num_ranks):  # replica 0's ranks: global rank == pipeline rank
+                made += choices_from_json(broadcast_json(choices_to_json(mine) if src == offset + rank else None, device, src))
+            self._start_trial(step, made, step_s)
         for choice in made:
             self._apply(choice, codecs)
             self._restart_arrivals(choice, plan, rank)
@@ -209,6 +235,8 @@ class AutoTuner:
         micro-batch."""
         seconds, microbatches = compute
         before_s, before_mb = self._compute_mark
+        step_s = median_step_seconds(self._step_starts)
+        self._step_starts = self._step_starts[-1:]
         self._compute_mark = (seconds, microbatches)
         self._arrivals_now = {key: Arrivals(a.ready, a.total) for key, a in arrivals.items()}
         if self._first_check:  # the first step's frames are announced by size notices and cold: not counted
@@ -219,7 +247,8 @@ class AutoTuner:
         estimates = {str(peer): estimate_rate(window.transfers) for peer, window in sorted(rates.items())
                      if window.nbytes >= self.min_bytes}
         return {"rates": {peer: r.to_json() for peer, r in estimates.items() if r is not None}, "arrivals": since,
-                "compute_s": max(0.0, seconds - before_s), "microbatches": max(0, microbatches - before_mb)}
+                "compute_s": max(0.0, seconds - before_s), "microbatches": max(0, microbatches - before_mb),
+                "step_s": step_s}
 
     @staticmethod
     def _exchange(report: dict[str, Any], plan: PipelinePlan, rank: int, offset: int,
@@ -228,8 +257,11 @@ class AutoTuner:
         return {src: broadcast_json(report if src == offset + rank else None, device, src) for src in range(plan.num_ranks)}
 
     def _decide(self, direction: str, cut: int, plan: PipelinePlan, rank: int, samples: dict[tuple[str, int], Tensor],
-                reports: dict[int, dict[str, Any]], hidden_s: float) -> Optional[LinkChoice]:
-        """The sender's choice for one link, or None (not the sender, too little traffic yet, no drift)."""
+                reports: dict[int, dict[str, Any]], hidden_s: float, can_try: bool) -> Optional[LinkChoice]:
+        """The sender's choice for one link, or None (not the sender, too little traffic yet, no drift).
+
+        ``can_try``: the step times are known, so a trial may be proposed where the model keeps
+        ``none`` but the receiver waited for the frames."""
         sender, receiver = plan.cut_ranks(cut, direction)
         sample = samples.get((direction, cut))
         raw = reports[sender]["rates"].get(str(receiver))
@@ -237,8 +269,6 @@ class AutoTuner:
             return None
         rate = LinkRate.from_json(raw)
         old = self.choices.get((cut, direction))
-        if old is not None and not needs_retune(old.bandwidth, rate.bandwidth, self.tolerance, rate.lower_bound):
-            return None
         # Uncompressed traffic that left the link idle between messages, or whose frames were at
         # the receiver before it needed them, already hides its transfers: a codec there can
         # only add its own time (the sender's measured rate is then the pace of the messages or
@@ -246,8 +276,16 @@ class AutoTuner:
         arrived = Arrivals.from_json(reports[receiver].get("arrivals", {}).get(f"{direction}/{sender}",
                                                                               {"ready": 0, "total": 0}))
         uncompressed = old is None or old.name == "none"
+        judged = arrived.total >= self.min_frames
+        late = uncompressed and judged and not arrived.keeps_pace(self.min_frames)
+        tried = self._tried.get((cut, direction))
+        untried = can_try and late and (tried is None or needs_retune(tried, rate.bandwidth, self.tolerance,
+                                                                      rate.lower_bound))
+        drifted = old is None or needs_retune(old.bandwidth, rate.bandwidth, self.tolerance, rate.lower_bound)
+        if not (drifted or untried):
+            return None
         idle = uncompressed and rate.lower_bound
-        if uncompressed and not idle and arrived.total < self.min_frames:
+        if uncompressed and not idle and not judged:
             return None  # too few frames yet to tell a slow link from a busy receiver
         in_time = uncompressed and not idle and arrived.keeps_pace(self.min_frames)
         budget = self.error_budget if self.error_budget is not None else default_error_budget(direction)
@@ -262,8 +300,55 @@ class AutoTuner:
             why = f"{arrived.ready} of {arrived.total} frames were at the receiver before it needed them"
             if in_time:
                 why += ": the link keeps pace, so no codec can shorten the transfers"
+        if choice.name == "none" and untried:
+            exposed = choose_codec(profiles, nbytes, rate.bandwidth, budget, cut, direction)
+            if exposed.name != "none":
+                return dataclasses.replace(
+                    exposed, bandwidth=rate.bandwidth, trial=True,
+                    reason=f"trial for {TRIAL_STEPS} steps: the model keeps none ({choice.reason}; {why}), but "
+                           f"with no transfer hidden {exposed.reason}; link rate: {rate.describe()}")
+        if not drifted and choice.name == "none":
+            return None
         return dataclasses.replace(choice, bandwidth=rate.bandwidth,
                                    reason=f"{choice.reason}; {why}; link rate: {rate.describe()}")
+
+    def _start_trial(self, step: int, made: list[LinkChoice], step_s: Optional[float]) -> None:
+        """Every rank: if ``made`` holds trial choices, remember what they replace and the step
+        time before them (the proposing sender knew ``step_s``: every rank has the same)."""
+        trials = [c for c in made if c.trial]
+        if not trials or step_s is None:
+            return
+        previous = {(c.cut, c.direction): self.choices.get((c.cut, c.direction)) for c in trials}
+        self._trial = Trial(start=step, end=step + TRIAL_STEPS, baseline_s=step_s, previous=previous)
+        for c in trials:
+            self._tried[(c.cut, c.direction)] = c.bandwidth
+
+    def _verdict(self, step: int, plan: PipelinePlan, reports: dict[int, dict[str, Any]],
+                 step_s: Optional[float]) -> list[LinkChoice]:
+        """Every rank, from the same reports: keep the trial's codecs if the steps got shorter,
+        else go back to what the links had; the choices this makes."""
+        if step_s is None:  # too few steps timed since the trial began (a run resumed just before its end)
+            self._trial.end = step + TRIAL_STEPS
+            return []
+        trial, self._trial = self._trial, None
+        keep = trial.keeps(step_s)
+        measured = (f"{_ms(step_s)} ms a step against {_ms(trial.baseline_s)} ms before it "
+                    f"(steps {trial.start}-{step}, the slowest rank's median)")
+        made = []
+        for (cut, direction), before in sorted(trial.previous.items()):
+            tried = self.choices[(cut, direction)]
+            if keep:
+                sender, receiver = plan.cut_ranks(cut, direction)
+                raw = reports[sender]["rates"].get(str(receiver))  # drift is measured from the codec's own traffic
+                rate = tried.bandwidth if raw is None else LinkRate.from_json(raw).bandwidth
+                made.append(dataclasses.replace(tried, trial=False, bandwidth=rate,
+                                                reason=f"kept after its trial: {measured}; {tried.reason}"))
+            else:
+                back = before if before is not None else _uncompressed(tried)
+                made.append(dataclasses.replace(back, trial=False, bandwidth=tried.bandwidth,
+                                                reason=f"back from a trial of {tried.label}: {measured}, not "
+                                                       f"{TRIAL_MARGIN:.0%} shorter; {back.reason}"))
+        return made
 
     def _restart_arrivals(self, choice: LinkChoice, plan: PipelinePlan, rank: int) -> None:
         """On the receiver of ``choice``'s link: count its arrivals afresh (they were uncompressed)."""
@@ -280,18 +365,32 @@ class AutoTuner:
         """JSON-able: the choices in force (with the rates they were made for), the step of
         the last check and the compute measured at the last checks (for checkpoints)."""
         return {"choices": choices_to_json(self.choices.values()), "last_step": self._last_step,
-                "hidden_s": list(self._hidden)}
+                "hidden_s": list(self._hidden), "trial": None if self._trial is None else self._trial.to_json(),
+                "tried": [[cut, direction, "inf" if math.isinf(rate) else rate]
+                          for (cut, direction), rate in sorted(self._tried.items())]}
 
     def load_state_dict(self, state: dict, codecs: CodecBook) -> None:
         """Put a checkpoint's choices back in force on this rank (every rank reads the checkpoint)."""
         self._last_step = state.get("last_step")
         self._hidden = [float(h) for h in state.get("hidden_s", [])][-HIDDEN_CHECKS:]
+        self._trial = None if state.get("trial") is None else Trial.from_json(state["trial"])
+        self._tried = {(int(cut), str(direction)): float(rate) for cut, direction, rate in state.get("tried", [])}
         for choice in choices_from_json(state.get("choices", [])):
             self._apply(choice, codecs)
 
     def describe(self) -> dict[str, str]:
         """``{"activation/cut0": "sortquant(bits=8)", ...}`` for the links decided so far."""
         return {f"{d}/cut{c}": choice.label for (c, d), choice in sorted(self.choices.items())}
+
+
+def _uncompressed(tried: LinkChoice) -> LinkChoice:
+    """``none`` on ``tried``'s link (a link's first decision was a trial: nothing to go back to)."""
+    return dataclasses.replace(tried, label="none", name="none", kwargs={}, seconds=tried.baseline_seconds, error=0.0,
+                               ratio=1.0, reason="none: uncompressed")
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.4g}"
 
 
 def _check_candidates(candidates: Any) -> tuple[tuple[str, dict], ...]:
