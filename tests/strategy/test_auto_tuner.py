@@ -291,7 +291,7 @@ def test_a_late_link_the_model_keeps_uncompressed_is_tried_and_kept_when_steps_g
     assert {c.label for _, c in made} == {"none"} and all("ms of compute hides a transfer" in c.reason for _, c in made)
     made = run_steps(world, tuner, codecs, [4], 0.2, rates)  # three step times known: a trial
     assert {(s, c.label, c.trial) for s, c in made} == {(4, "quantize(bits=8)", True)} and len(made) == 2
-    assert all(f"trial for {TRIAL_STEPS} steps: the model keeps none (none: " in c.reason and "0 of 16 frames were"
+    assert all(f"trial for {TRIAL_STEPS} steps: the model picks none (none: " in c.reason and "0 of 16 frames were"
                in c.reason and "with no transfer hidden quantize(bits=8): 16.5 ms/msg" in c.reason for _, c in made)
     assert codecs.specs["activation"][0].name == "quantize" and not tuner.due(8) and tuner.due(4 + TRIAL_STEPS)
     made = run_steps(world, tuner, codecs, range(5, 5 + TRIAL_STEPS), 0.1, {1: window(4 * MB)})
@@ -299,6 +299,26 @@ def test_a_late_link_the_model_keeps_uncompressed_is_tried_and_kept_when_steps_g
     assert all(c.reason.startswith("kept after its trial: 100 ms a step against 200 ms before it") for _, c in made)
     assert all(c.bandwidth == pytest.approx(4 * MB) for _, c in made)  # drift is measured from the codec's traffic
     assert codecs.specs["activation"][0].name == "quantize" and codecs.specs["gradient"][1].name == "quantize"
+    # the rate drifts: a kept link is decided with no transfer hidden (the model alone would pick none here)
+    made = run_steps(world, tuner, codecs, range(11, 21), 0.1, {1: window(0.4 * MB)})
+    assert {(s, c.label, c.trial) for s, c in made} == {(20, "quantize(bits=8)", False)}
+    assert all("a trial kept a codec here, so no transfer is taken as hidden" in c.reason for _, c in made)
+    state = json.loads(json.dumps(tuner.state_dict()))
+    assert state["kept"] == [[0, "activation"], [1, "gradient"]]
+    fresh = AutoTuner(candidates=CANDIDATES)
+    fresh.load_state_dict(state, book())
+    assert fresh.state_dict() == state
+
+
+def test_a_late_link_where_the_model_picks_a_weaker_codec_tries_the_exposed_one():
+    """40 ms of compute hides a message's transfer: the model's cheapest is fp16 (its 33 ms hide);
+    with none hidden it is 8-bit codes, and the receiver waited for every frame: a trial of those."""
+    world, tuner, codecs = World(total=15), AutoTuner(candidates=CANDIDATES), book()  # too few frames to judge yet
+    assert run_steps(world, tuner, codecs, range(1, 4), 0.2, {1: window(1 * MB)}, compute_per_step=(0.08, 10)) == []
+    world.peer_report["arrivals"] = {f"{d}/0": {"ready": 0, "total": 16} for d in ("activation", "gradient")}
+    made = run_steps(world, tuner, codecs, [4], 0.2, {1: window(1 * MB)}, compute_per_step=(0.08, 10))
+    assert [(s, c.label, c.trial) for s, c in made] == [(4, "quantize(bits=8)", True)] * 2
+    assert all("the model picks fp16 (fp16: " in c.reason for _, c in made)
 
 
 def test_a_trial_that_does_not_shorten_the_steps_goes_back_and_is_not_tried_again_at_that_rate():

@@ -37,14 +37,18 @@ then every ``retune_every`` steps:
    put 2x casts on a 100 Mbit/s link, 0.81x of the best fixed codec).
 4. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
    them, so the two ends of a link switch codecs at the same step.
-5. Where the cost model keeps an uncompressed link's ``none`` although its receiver found
+5. Where the cost model keeps an uncompressed link's ``none`` (or picks a codec other than
+   the one below) although its receiver found
    fewer than :data:`~lightning_epipe.strategy.comm.linkrate.KEEPS_PACE` of the frames there
    in time, the sender proposes a trial (:mod:`~lightning_epipe.strategy.compression.auto_trial`):
-   the codec the model picks with no transfer hidden runs for ``TRIAL_STEPS`` steps, and at
+   the codec the model picks with no transfer hidden (at the link's measured rate, or at the
+   lower rate at which the link's messages of one step would fill the step, what the link got
+   where it shares a bottleneck) runs for ``TRIAL_STEPS`` steps, and at
    the next check every rank compares the slowest rank's median step with the one before
    from the same reports, so every rank keeps it or goes back to ``none`` alike. A link is
    tried once per rate (again only when its rate drifts beyond ``tolerance``); proposals of
-   one check are tried together, and no link is decided while a trial runs.
+   one check are tried together, and no link is decided while a trial runs. A link whose
+   codec a trial kept is decided again, when its rate drifts, with no transfer hidden.
 
 Until a link's first decision it sends uncompressed. Candidates never include a
 learned bottleneck (it changes the model; combine ``compressor="bottleneck"`` with a fixed
@@ -164,6 +168,7 @@ class AutoTuner:
         self._seen_step: Optional[int] = None
         self._trial: Optional[Trial] = None                     # every rank: the trial in force
         self._tried: dict[tuple[int, str], float] = {}          # every rank: link -> the rate it was last tried at
+        self._kept: set[tuple[int, str]] = set()                # every rank: links whose codec a trial kept
 
     def due(self, step: int) -> bool:
         """Whether to check before training step ``step`` (global steps taken so far)."""
@@ -206,7 +211,7 @@ class AutoTuner:
         else:
             mine = []
             for direction, cut in codecs.auto_links():
-                choice = self._decide(direction, cut, plan, rank, samples, reports, hidden_s, step_s is not None)
+                choice = self._decide(direction, cut, plan, rank, samples, reports, hidden_s, step_s)
                 if choice is not None:
                     mine.append(choice)
             made = []
@@ -236,6 +241,7 @@ class AutoTuner:
         seconds, microbatches = compute
         before_s, before_mb = self._compute_mark
         step_s = median_step_seconds(self._step_starts)
+        steps = max(0, len(self._step_starts) - 1)
         self._step_starts = self._step_starts[-1:]
         self._compute_mark = (seconds, microbatches)
         self._arrivals_now = {key: Arrivals(a.ready, a.total) for key, a in arrivals.items()}
@@ -248,7 +254,7 @@ class AutoTuner:
                      if window.nbytes >= self.min_bytes}
         return {"rates": {peer: r.to_json() for peer, r in estimates.items() if r is not None}, "arrivals": since,
                 "compute_s": max(0.0, seconds - before_s), "microbatches": max(0, microbatches - before_mb),
-                "step_s": step_s}
+                "step_s": step_s, "steps": steps}
 
     @staticmethod
     def _exchange(report: dict[str, Any], plan: PipelinePlan, rank: int, offset: int,
@@ -257,11 +263,11 @@ class AutoTuner:
         return {src: broadcast_json(report if src == offset + rank else None, device, src) for src in range(plan.num_ranks)}
 
     def _decide(self, direction: str, cut: int, plan: PipelinePlan, rank: int, samples: dict[tuple[str, int], Tensor],
-                reports: dict[int, dict[str, Any]], hidden_s: float, can_try: bool) -> Optional[LinkChoice]:
+                reports: dict[int, dict[str, Any]], hidden_s: float, step_s: Optional[float]) -> Optional[LinkChoice]:
         """The sender's choice for one link, or None (not the sender, too little traffic yet, no drift).
 
-        ``can_try``: the step times are known, so a trial may be proposed where the model keeps
-        ``none`` but the receiver waited for the frames."""
+        ``step_s``: the slowest rank's median step (None: not known yet); where it is known, a
+        trial may be proposed where the model keeps ``none`` but the receiver waited for the frames."""
         sender, receiver = plan.cut_ranks(cut, direction)
         sample = samples.get((direction, cut))
         raw = reports[sender]["rates"].get(str(receiver))
@@ -279,7 +285,7 @@ class AutoTuner:
         judged = arrived.total >= self.min_frames
         late = uncompressed and judged and not arrived.keeps_pace(self.min_frames)
         tried = self._tried.get((cut, direction))
-        untried = can_try and late and (tried is None or needs_retune(tried, rate.bandwidth, self.tolerance,
+        untried = step_s is not None and late and (tried is None or needs_retune(tried, rate.bandwidth, self.tolerance,
                                                                       rate.lower_bound))
         drifted = old is None or needs_retune(old.bandwidth, rate.bandwidth, self.tolerance, rate.lower_bound)
         if not (drifted or untried):
@@ -292,21 +298,27 @@ class AutoTuner:
         profiles = profile_codecs(sample.detach(), self.candidates)
         nbytes = sample.numel() * sample.element_size()
         hidden_s /= messages_per_microbatch(plan, sender, receiver)
-        choice = choose_codec(profiles, nbytes, math.inf if idle or in_time else rate.bandwidth, budget, cut, direction,
-                              hidden_s)
-        if idle:
+        share = rate.bandwidth if step_s is None else _step_share(rate.bandwidth, nbytes, reports[sender], step_s)
+        if (cut, direction) in self._kept:  # a trial showed its transfers do not hide: none are hidden
+            choice = choose_codec(profiles, nbytes, share, budget, cut, direction)
+        else:
+            choice = choose_codec(profiles, nbytes, math.inf if idle or in_time else rate.bandwidth, budget, cut,
+                                  direction, hidden_s)
+        if (cut, direction) in self._kept:
+            why = "a trial kept a codec here, so no transfer is taken as hidden"
+        elif idle:
             why = "uncompressed messages did not queue, so no codec can shorten the transfers"
         else:
             why = f"{arrived.ready} of {arrived.total} frames were at the receiver before it needed them"
             if in_time:
                 why += ": the link keeps pace, so no codec can shorten the transfers"
-        if choice.name == "none" and untried:
-            exposed = choose_codec(profiles, nbytes, rate.bandwidth, budget, cut, direction)
-            if exposed.name != "none":
+        if untried:
+            exposed = choose_codec(profiles, nbytes, share, budget, cut, direction)
+            if exposed.name != "none" and exposed.label != choice.label:
                 return dataclasses.replace(
                     exposed, bandwidth=rate.bandwidth, trial=True,
-                    reason=f"trial for {TRIAL_STEPS} steps: the model keeps none ({choice.reason}; {why}), but "
-                           f"with no transfer hidden {exposed.reason}; link rate: {rate.describe()}")
+                    reason=f"trial for {TRIAL_STEPS} steps: the model picks {choice.label} ({choice.reason}; {why}), "
+                           f"but with no transfer hidden {exposed.reason}; link rate: {rate.describe()}")
         if not drifted and choice.name == "none":
             return None
         return dataclasses.replace(choice, bandwidth=rate.bandwidth,
@@ -338,6 +350,7 @@ class AutoTuner:
         for (cut, direction), before in sorted(trial.previous.items()):
             tried = self.choices[(cut, direction)]
             if keep:
+                self._kept.add((cut, direction))
                 sender, receiver = plan.cut_ranks(cut, direction)
                 raw = reports[sender]["rates"].get(str(receiver))  # drift is measured from the codec's own traffic
                 rate = tried.bandwidth if raw is None else LinkRate.from_json(raw).bandwidth
@@ -359,6 +372,8 @@ class AutoTuner:
 
     def _apply(self, choice: LinkChoice, codecs: CodecBook) -> None:
         self.choices[(choice.cut, choice.direction)] = choice
+        if choice.name == "none":
+            self._kept.discard((choice.cut, choice.direction))
         codecs.choose(choice.direction, choice.cut, choice.name, choice.kwargs)
 
     def state_dict(self) -> dict:
@@ -367,7 +382,8 @@ class AutoTuner:
         return {"choices": choices_to_json(self.choices.values()), "last_step": self._last_step,
                 "hidden_s": list(self._hidden), "trial": None if self._trial is None else self._trial.to_json(),
                 "tried": [[cut, direction, "inf" if math.isinf(rate) else rate]
-                          for (cut, direction), rate in sorted(self._tried.items())]}
+                          for (cut, direction), rate in sorted(self._tried.items())],
+                "kept": [[cut, direction] for cut, direction in sorted(self._kept)]}
 
     def load_state_dict(self, state: dict, codecs: CodecBook) -> None:
         """Put a checkpoint's choices back in force on this rank (every rank reads the checkpoint)."""
@@ -375,12 +391,28 @@ class AutoTuner:
         self._hidden = [float(h) for h in state.get("hidden_s", [])][-HIDDEN_CHECKS:]
         self._trial = None if state.get("trial") is None else Trial.from_json(state["trial"])
         self._tried = {(int(cut), str(direction)): float(rate) for cut, direction, rate in state.get("tried", [])}
+        self._kept = {(int(cut), str(direction)) for cut, direction in state.get("kept", [])}
         for choice in choices_from_json(state.get("choices", [])):
             self._apply(choice, codecs)
 
     def describe(self) -> dict[str, str]:
         """``{"activation/cut0": "sortquant(bits=8)", ...}`` for the links decided so far."""
         return {f"{d}/cut{c}": choice.label for (c, d), choice in sorted(self.choices.items())}
+
+
+def _step_share(bandwidth: float, nbytes: int, sender_report: Mapping[str, Any], step_s: float) -> float:
+    """The rate a trial's codec is picked for: the link's measured ``bandwidth``, or less, the
+    rate at which the link's messages of one step (one per micro-batch, ``nbytes`` each) would
+    fill the whole step ``step_s``. Where the link shares its bottleneck or a socket buffer
+    hides its pace, the measured rate reads too fast; the step says what the link got.
+
+        >>> _step_share(22e6, 196_608, {"microbatches": 40, "steps": 10}, 0.196)  # 0.79 MB a step
+        4012408.163265306
+    """
+    steps = sender_report.get("steps", 0)
+    if steps <= 0 or sender_report.get("microbatches", 0) <= 0 or step_s <= 0:
+        return bandwidth
+    return min(bandwidth, nbytes * sender_report["microbatches"] / steps / step_s)
 
 
 def _uncompressed(tried: LinkChoice) -> LinkChoice:
