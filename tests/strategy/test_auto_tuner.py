@@ -287,21 +287,21 @@ def test_a_late_link_the_model_keeps_uncompressed_is_tried_and_kept_when_steps_g
     (0 of 16 in time): the exposed model's codec runs TRIAL_STEPS steps and stays, the steps shorter."""
     world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
     rates = {1: window(1 * MB)}
-    made = run_steps(world, tuner, codecs, range(1, 4), 0.2, rates)
+    made = run_steps(world, tuner, codecs, range(1, 8), 0.2, rates)
     assert {c.label for _, c in made} == {"none"} and all("ms of compute hides a transfer" in c.reason for _, c in made)
-    made = run_steps(world, tuner, codecs, [4], 0.2, rates)  # three step times known: a trial
-    assert {(s, c.label, c.trial) for s, c in made} == {(4, "quantize(bits=8)", True)} and len(made) == 2
+    made = run_steps(world, tuner, codecs, [8], 0.2, rates)  # four steps timed since the check at 4: a trial
+    assert {(s, c.label, c.trial) for s, c in made} == {(8, "quantize(bits=8)", True)} and len(made) == 2
     assert all(f"trial for {TRIAL_STEPS} steps: the model picks none (none: " in c.reason and "0 of 16 frames were"
                in c.reason and "with no transfer hidden quantize(bits=8): 16.5 ms/msg" in c.reason for _, c in made)
-    assert codecs.specs["activation"][0].name == "quantize" and not tuner.due(8) and tuner.due(4 + TRIAL_STEPS)
-    made = run_steps(world, tuner, codecs, range(5, 5 + TRIAL_STEPS), 0.1, {1: window(4 * MB)})
-    assert {(s, c.label, c.trial) for s, c in made} == {(4 + TRIAL_STEPS, "quantize(bits=8)", False)}
+    assert codecs.specs["activation"][0].name == "quantize" and not tuner.due(12) and tuner.due(8 + TRIAL_STEPS)
+    made = run_steps(world, tuner, codecs, range(9, 9 + TRIAL_STEPS), 0.1, {1: window(4 * MB)})
+    assert {(s, c.label, c.trial) for s, c in made} == {(8 + TRIAL_STEPS, "quantize(bits=8)", False)}
     assert all(c.reason.startswith("kept after its trial: 100 ms a step against 200 ms before it") for _, c in made)
     assert all(c.bandwidth == pytest.approx(4 * MB) for _, c in made)  # drift is measured from the codec's traffic
     assert codecs.specs["activation"][0].name == "quantize" and codecs.specs["gradient"][1].name == "quantize"
     # the rate drifts: a kept link is decided with no transfer hidden (the model alone would pick none here)
-    made = run_steps(world, tuner, codecs, range(11, 21), 0.1, {1: window(0.4 * MB)})
-    assert {(s, c.label, c.trial) for s, c in made} == {(20, "quantize(bits=8)", False)}
+    made = run_steps(world, tuner, codecs, range(9 + TRIAL_STEPS, 29), 0.1, {1: window(0.4 * MB)})
+    assert {(s, c.label, c.trial) for s, c in made} == {(28, "quantize(bits=8)", False)}
     assert all("a trial kept a codec here, so no transfer is taken as hidden" in c.reason for _, c in made)
     state = json.loads(json.dumps(tuner.state_dict()))
     assert state["kept"] == [[0, "activation"], [1, "gradient"]]
@@ -314,40 +314,40 @@ def test_a_late_link_where_the_model_picks_a_weaker_codec_tries_the_exposed_one(
     """40 ms of compute hides a message's transfer: the model's cheapest is fp16 (its 33 ms hide);
     with none hidden it is 8-bit codes, and the receiver waited for every frame: a trial of those."""
     world, tuner, codecs = World(total=15), AutoTuner(candidates=CANDIDATES), book()  # too few frames to judge yet
-    assert run_steps(world, tuner, codecs, range(1, 4), 0.2, {1: window(1 * MB)}, compute_per_step=(0.08, 10)) == []
+    assert run_steps(world, tuner, codecs, range(1, 8), 0.2, {1: window(1 * MB)}, compute_per_step=(0.08, 10)) == []
     world.peer_report["arrivals"] = {f"{d}/0": {"ready": 0, "total": 16} for d in ("activation", "gradient")}
-    made = run_steps(world, tuner, codecs, [4], 0.2, {1: window(1 * MB)}, compute_per_step=(0.08, 10))
-    assert [(s, c.label, c.trial) for s, c in made] == [(4, "quantize(bits=8)", True)] * 2
+    made = run_steps(world, tuner, codecs, [8], 0.2, {1: window(1 * MB)}, compute_per_step=(0.08, 10))
+    assert [(s, c.label, c.trial) for s, c in made] == [(8, "quantize(bits=8)", True)] * 2
     assert all("the model picks fp16 (fp16: " in c.reason for _, c in made)
 
 
 def test_a_trial_that_does_not_shorten_the_steps_goes_back_and_is_not_tried_again_at_that_rate():
     world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
     rates = {1: window(1 * MB)}
-    run_steps(world, tuner, codecs, range(1, 5), 0.2, rates)
+    run_steps(world, tuner, codecs, range(1, 9), 0.2, rates)
     assert codecs.specs["activation"][0].name == "quantize"  # on trial
-    made = run_steps(world, tuner, codecs, range(5, 5 + TRIAL_STEPS), 0.19, rates)  # 5% shorter: noise
+    made = run_steps(world, tuner, codecs, range(9, 9 + TRIAL_STEPS), 0.19, rates)  # 5% shorter: noise
     assert {c.label for _, c in made} == {"none"} and len(made) == 2
     assert all(c.reason.startswith("back from a trial of quantize(bits=8): 190 ms a step against 200 ms") for _, c in made)
     assert codecs.specs["activation"][0].name == "none" and codecs.specs["gradient"][1].name == "none"
-    assert run_steps(world, tuner, codecs, range(11, 41), 0.2, {1: window(1.2 * MB)}) == []  # tried at this rate
-    made = run_steps(world, tuner, codecs, range(41, 81), 0.2, {1: window(0.3 * MB)})  # the rate fell: try again
-    assert {(s, c.label, c.trial) for s, c in made} == {(80, "quantize(bits=8)", True)}
+    assert run_steps(world, tuner, codecs, range(9 + TRIAL_STEPS, 29), 0.2, {1: window(1.2 * MB)}) == []  # tried at this rate
+    made = run_steps(world, tuner, codecs, range(29, 57), 0.2, {1: window(0.3 * MB)})  # the rate fell: try again
+    assert {(s, c.label, c.trial) for s, c in made} == {(56, "quantize(bits=8)", True)}
 
 
 def test_a_trial_survives_a_checkpoint_and_ends_at_its_step():
     world, tuner, codecs = World(), AutoTuner(candidates=CANDIDATES), book()
-    run_steps(world, tuner, codecs, range(1, 5), 0.2, {1: window(1 * MB)})
+    run_steps(world, tuner, codecs, range(1, 9), 0.2, {1: window(1 * MB)})
     state = json.loads(json.dumps(tuner.state_dict(), allow_nan=False))
-    assert state["trial"]["start"] == 4 and state["trial"]["previous"][0]["label"] == "none"
+    assert state["trial"]["start"] == 8 and state["trial"]["previous"][0]["label"] == "none"
     fresh, fresh_codecs = AutoTuner(candidates=CANDIDATES), book()
     fresh.load_state_dict(state, fresh_codecs)
     assert fresh.state_dict() == state and fresh_codecs.specs["gradient"][1].name == "quantize"
-    assert not fresh.due(4 + TRIAL_STEPS - 1) and fresh.due(4 + TRIAL_STEPS)
+    assert not fresh.due(8 + TRIAL_STEPS - 1) and fresh.due(8 + TRIAL_STEPS)
     # resumed at the verdict's step with no step timed yet: the trial runs on
-    assert run_steps(world, fresh, fresh_codecs, [4 + TRIAL_STEPS], 0.1, {1: window(1 * MB)}) == []
-    made = run_steps(world, fresh, fresh_codecs, range(5 + TRIAL_STEPS, 5 + 2 * TRIAL_STEPS), 0.1, {1: window(1 * MB)})
-    assert {(s, c.label) for s, c in made} == {(4 + 2 * TRIAL_STEPS, "quantize(bits=8)")}
+    assert run_steps(world, fresh, fresh_codecs, [8 + TRIAL_STEPS], 0.1, {1: window(1 * MB)}) == []
+    made = run_steps(world, fresh, fresh_codecs, range(9 + TRIAL_STEPS, 9 + 2 * TRIAL_STEPS), 0.1, {1: window(1 * MB)})
+    assert {(s, c.label) for s, c in made} == {(8 + 2 * TRIAL_STEPS, "quantize(bits=8)")}
     assert all(c.reason.startswith("kept after its trial") for _, c in made)
 
 
@@ -372,5 +372,6 @@ def test_a_trial_choice_round_trips_and_a_bad_trial_flag_raises():
 def test_trial_verdicts_and_step_times():
     trial = Trial(start=4, end=10, baseline_s=0.2, previous={(0, "activation"): None})
     assert trial.keeps(0.17) and not trial.keeps(0.185) and Trial.from_json(trial.to_json()) == trial
-    assert median_step_seconds([0.0, 0.1]) is None and median_step_seconds([0.0, 1.0, 1.1, 1.2]) == pytest.approx(0.1)
+    assert median_step_seconds([0.0, 0.1, 0.2, 0.3]) is None  # MIN_TIMED_STEPS = 4
+    assert median_step_seconds([0.0, 1.0, 1.1, 1.2, 1.3]) == pytest.approx(0.1)
     assert slowest_step_seconds({0: {"step_s": 0.1}, 1: {"step_s": None}}) is None

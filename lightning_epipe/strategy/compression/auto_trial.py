@@ -12,7 +12,7 @@ the bottleneck:
   together they exceed the step (the chain placement at 100 Mbit/s: 2.36 MB a step on a
   12.5 MB/s loopback, ~190 ms of link against ~90 ms of compute);
 - socket buffers: a stream that fits in them completes its sends at memory speed, and reads
-  faster than the link (27.9 MB/s on that 12.5 MB/s link), or never queues at all.
+  faster than the link (29.2 MB/s on that 12.5 MB/s link), or never queues at all.
 
 The receiver's late frames (:class:`~lightning_epipe.strategy.comm.linkrate.Arrivals`) say the
 link may be the bottleneck, but on their own they cannot tell a slow link from a slow sender
@@ -40,7 +40,7 @@ from lightning_epipe.strategy.compression.auto_choice import (
     choices_to_json,
 )
 
-__all__ = ["Trial", "TRIAL_STEPS", "TRIAL_MARGIN", "median_step_seconds", "slowest_step_seconds"]
+__all__ = ["Trial", "TRIAL_STEPS", "TRIAL_MARGIN", "MIN_TIMED_STEPS", "median_step_seconds", "slowest_step_seconds"]
 
 #: Steps a trial runs before its verdict: the median of 6 step times leaves out the first
 #: (the switch and the check's own profiling) and one stall.
@@ -50,16 +50,23 @@ TRIAL_STEPS = 6
 #: few percent; a codec kept by noise costs its encode and decode, a link's real bottleneck
 #: saves 30% or more).
 TRIAL_MARGIN = LOSSY_MARGIN
+#: Steps a median step time needs: the steps between the checks at 2 and 4 are too few, and
+#: slower than later ones (in ``benchmarks/results/slow_link_auto_trial.json`` a baseline of
+#: those two read 138 and 143.5 ms where the steps after ran ~120, and a trial was kept that
+#: gained nothing), so the first trial can begin at the check of step 8.
+MIN_TIMED_STEPS = 4
 
 
 def median_step_seconds(starts: Sequence[float]) -> Optional[float]:
     """The median time between consecutive step starts (``time.perf_counter`` seconds, in
-    order); None with fewer than 3 starts (2 steps), too few to leave out a slow one.
+    order); None with fewer than ``MIN_TIMED_STEPS`` steps.
 
         >>> median_step_seconds([0.0, 0.5, 0.75, 1.0, 1.25])  # the first step ran a check
         0.25
+        >>> median_step_seconds([0.0, 0.5, 0.75]) is None
+        True
     """
-    if len(starts) < 3:
+    if len(starts) < MIN_TIMED_STEPS + 1:
         return None
     return statistics.median(b - a for a, b in zip(starts, starts[1:]))
 
