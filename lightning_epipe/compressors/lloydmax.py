@@ -122,10 +122,10 @@ PIN_ENDS_FROM = 16
 #: CPU tensors up to this many elements (1 MiB of float32) take the host path: fitted on
 #: sorted values on the host, which costs less than the grid's fixed cost up to here (the grid
 #: is 4 cells per element; its histogram, code table and scans run over all of it). Encode +
-#: decode, one thread, the host path's time over the grid's: 0.11-0.24x at 65536 normal
-#: values, 0.22-0.55x at 262144 (2-8 bits); at 2**20, 0.45-0.49x at 2 and 4 bits, 0.77-1.07x
-#: at 6-8. Its levels are nearer the optimum too: at 262144 Student-t (3) values, 8 bits,
-#: relative error 0.014 against the grid's 0.081 (the grid's cells are coarse in a heavy tail).
+#: decode of ReLU activations, one thread, against the grid fit
+#: (``benchmarks/results/compressors_overhead_host_fit.json``): 4 bits 0.11x at 256 KiB and
+#: 0.22x at 1 MiB, 8 bits 0.31x and 0.90x. Each element takes its nearest level, and the fit
+#: sees every value beyond the sample's tails (the grid's cells are coarse in a heavy tail).
 SORTED_FIT_MAX = 1 << 18
 #: An accelerator's tensor takes the host path up to this many elements (128 KiB of float32):
 #: one copy each way, then the host fit; above it the grid fit runs on the device.
