@@ -150,9 +150,9 @@ def main() -> None:
         return
     rates = args.rates or ([10, 50, 200, 500, 1000] if args.full else [50, 200, 1000])
     steps = args.steps or (40 if args.full else 10)
+    warmup = args.warmup if args.warmup is not None else max(2, steps // 5)
     base = dict(model=args.model, devices=args.devices, batch=args.batch, chunks=args.chunks, steps=steps,
-                warmup=args.warmup if args.warmup is not None else max(2, steps // 5), full=args.full, timeout=600, placement=args.placement,
-                balance=args.balance)
+                warmup=warmup, full=args.full, timeout=600, placement=args.placement, balance=args.balance)
     load_before = load_average()
     print(load_before, flush=True)
     rows = measure(rates + [None], base, args.ddp or args.full, args.methods, args.repeats)

@@ -1,10 +1,10 @@
-"""``compressor="auto"``'s trials: where the cost model keeps a link uncompressed but its
-receiver waited for the frames, run the codec for a few steps and keep it only if the steps
-got shorter.
+"""``compressor="auto"``'s trials: where the cost model hides a link's transfers but its
+receiver waited for the frames, run the codec that hides none for a few steps and keep it
+only if the steps got shorter.
 
 The cost model (:mod:`~lightning_epipe.strategy.compression.auto_choice`) prices one link at a
-time from its sender's view. Two things it cannot see make it keep ``none`` on a link that is
-the bottleneck:
+time from its sender's view. Two things it cannot see make it keep ``none`` (or a cast) on a
+link that is the bottleneck:
 
 - links that share one bottleneck: a loopback shaped by ``tc`` carries both directions, and a
   host's uplink carries every stream leaving it, the raw input a data-holding rank sends

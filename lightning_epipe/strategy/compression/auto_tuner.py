@@ -37,18 +37,18 @@ then every ``retune_every`` steps:
    put 2x casts on a 100 Mbit/s link, 0.81x of the best fixed codec).
 4. Every rank broadcasts its choices (JSON, never pickles) and every rank applies all of
    them, so the two ends of a link switch codecs at the same step.
-5. Where the cost model keeps an uncompressed link's ``none`` (or picks a codec other than
-   the one below) although its receiver found
-   fewer than :data:`~lightning_epipe.strategy.comm.linkrate.KEEPS_PACE` of the frames there
-   in time, the sender proposes a trial (:mod:`~lightning_epipe.strategy.compression.auto_trial`):
-   the codec the model picks with no transfer hidden (at the link's measured rate, or at the
-   lower rate at which the link's messages of one step would fill the step, what the link got
-   where it shares a bottleneck) runs for ``TRIAL_STEPS`` steps, and at
-   the next check every rank compares the slowest rank's median step with the one before
-   from the same reports, so every rank keeps it or goes back to ``none`` alike. A link is
-   tried once per rate (again only when its rate drifts beyond ``tolerance``); proposals of
-   one check are tried together, and no link is decided while a trial runs. A link whose
-   codec a trial kept is decided again, when its rate drifts, with no transfer hidden.
+5. Where an uncompressed link's receiver found fewer than
+   :data:`~lightning_epipe.strategy.comm.linkrate.KEEPS_PACE` of its frames there in time and
+   the cost model picks another codec (``none``, a cast) than it would with no transfer
+   hidden, the sender proposes a trial (:mod:`~lightning_epipe.strategy.compression.auto_trial`)
+   of the codec picked with no transfer hidden, at the link's measured rate or at the lower
+   rate at which the link's messages of one step would fill the step (what the link got where
+   it shares a bottleneck). It runs ``TRIAL_STEPS`` steps; at the next check every rank
+   compares the slowest rank's median step with the one before, from the same reports, so
+   every rank keeps the codec or goes back alike. A link is tried once per rate (again when
+   its rate drifts beyond ``tolerance``); proposals of one check are tried together, no link
+   is decided while a trial runs, and a link whose codec a trial kept is decided again, when
+   its rate drifts, with no transfer hidden.
 
 Until a link's first decision it sends uncompressed. Candidates never include a
 learned bottleneck (it changes the model; combine ``compressor="bottleneck"`` with a fixed
