@@ -299,12 +299,13 @@ class AutoTuner:
         nbytes = sample.numel() * sample.element_size()
         hidden_s /= messages_per_microbatch(plan, sender, receiver)
         share = rate.bandwidth if step_s is None else _step_share(rate.bandwidth, nbytes, reports[sender], step_s)
-        if (cut, direction) in self._kept:  # a trial showed its transfers do not hide: none are hidden
+        kept = (cut, direction) in self._kept  # a trial showed its transfers do not hide: none are hidden
+        if kept:
             choice = choose_codec(profiles, nbytes, share, budget, cut, direction)
         else:
             choice = choose_codec(profiles, nbytes, math.inf if idle or in_time else rate.bandwidth, budget, cut,
                                   direction, hidden_s)
-        if (cut, direction) in self._kept:
+        if kept:
             why = "a trial kept a codec here, so no transfer is taken as hidden"
         elif idle:
             why = "uncompressed messages did not queue, so no codec can shorten the transfers"
