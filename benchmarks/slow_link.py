@@ -14,7 +14,8 @@ under ``ip netns exec``, so every rank talks over that loopback (MASTER_ADDR=127
 deleted afterwards whatever happens; where ``ip netns``/``tc`` are not allowed the benchmark
 is skipped with the reason. ``--repeats`` repetitions (default 3) go round the methods at
 each rate; the table gives median samples/s and speed-up over ``none`` with their spread,
-and the load average before and after. Note the loopback carries both directions, so the limit is on
+and the load average before and after, and how link-bound ``none`` is at each rate
+(``benchmarks/link_bound.py``). Note the loopback carries both directions, so the limit is on
 the sum of forward and backward traffic. Writes ``benchmarks/results/slow_link.{png,json}``.
 """
 
@@ -31,6 +32,7 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.codecs import CODECS, LEARNED, NAMED  # noqa: E402
+from benchmarks.link_bound import link_bound_table, per_step  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     axes, finish, fmt, load_average, markdown_table, median_spread, netns_available, rep_ratios, repeat_round, run,
     slow_loopback, write_json,
@@ -59,7 +61,7 @@ def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Option
 
             for label, runs in repeat_round(configs, repeats, launch).items():
                 rows.append({"rate_mbit": rate, "method": label, "samples_per_s": runs["samples_per_s"],
-                             "errors": runs["errors"], "ratio": runs["last"].get("ratio")}
+                             "errors": runs["errors"], "ratio": runs["last"].get("ratio")} | per_step(runs["last"])
                             | ({"auto": runs["last"].get("auto"), "auto_decisions": runs["last"].get("auto_decisions")}
                                if label == "auto" else {}))
     return rows
@@ -97,7 +99,7 @@ def break_even(curve: dict) -> str:
     return "mixed: " + ", ".join(f"{r:g}:{s:.2f}" for r, s in points)
 
 
-def tables(rows: list[dict]) -> str:
+def tables(rows: list[dict], batch: int) -> str:
     curves = speedups(rows)
     body = []
     for r in rows:
@@ -109,7 +111,8 @@ def tables(rows: list[dict]) -> str:
                             "vs none spread", "wire ratio"], body)
     second = markdown_table(["method", "break-even (median speed-up over none falls below 1)"],
                             [[m, break_even(c)] for m, c in median_speedups(rows).items() if m != "none"])
-    return first + "\n\n" + second
+    bound = link_bound_table(rows, batch)
+    return first + "\n\n" + second + ("\n\n" + bound if bound else "")
 
 
 def plot(rows: list[dict], name: str = "slow_link.png") -> Path:
@@ -156,7 +159,7 @@ def main() -> None:
     load_before = load_average()
     print(load_before, flush=True)
     rows = measure(rates + [None], base, args.ddp or args.full, args.methods, args.repeats)
-    text = tables(rows)
+    text = tables(rows, args.batch)
     write_json(args.out, {"load_before": load_before, "load_after": load_average(), "steps": steps,
                           "repeats": args.repeats, "config": base, "rows": rows, "table": text})
     print(text)

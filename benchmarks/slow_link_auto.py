@@ -17,7 +17,8 @@ decisions come at steps 1, 2, 4, 8; a trial begun at step 8 ends at step 14: all
 default warm-up of 16 steps).
 
 Reported per rate: the median samples/s of each method and its spread, auto's speed over the
-best fixed codec's, and the codecs auto chose (with its reasons in the JSON). Run it on an
+best fixed codec's, and the codecs auto chose (with its reasons in the JSON); where ``none`` also
+ran unlimited, how link-bound it is at each rate (``benchmarks/link_bound.py``). Run it on an
 otherwise idle machine. Writes ``benchmarks/results/slow_link_auto.{json,png}`` (``--out``).
 """
 
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     axes, finish, fmt, load_average, markdown_table, netns_available, run, slow_loopback, write_json,
 )
+from benchmarks.link_bound import link_bound_table, per_step  # noqa: E402
 
 BATCH = 256
 METHODS = {
@@ -87,7 +89,7 @@ def measure(rates: list[Optional[float]], methods: list[str], repeats: int, step
 def row(rate: Optional[float], method: str, results: list[dict]) -> dict:
     ok = [r for r in results if r.get("samples_per_s")]
     return dict(rate_mbit=rate, method=method, samples_per_s=[r["samples_per_s"] for r in ok],
-                bytes_per_step=statistics.median([r["bytes"] / r["steps"] for r in ok]) if ok else None,
+                **(per_step(ok[-1]) if ok else {"bytes_per_step": None}),
                 ratio=statistics.median([r["ratio"] for r in ok]) if ok else None,
                 auto=[r.get("auto") for r in ok] if method == "auto" else None,
                 auto_decisions=ok[-1].get("auto_decisions") if method == "auto" and ok else None,
@@ -145,6 +147,8 @@ def main() -> None:
     print(before, flush=True)
     rows = measure(rates, args.methods, args.repeats, args.steps, args.warmup)
     text = table(rows)
+    bound = link_bound_table(rows, BATCH)
+    text += ("\n\n" + bound) if bound else ""
     print(text)
     path = write_json(args.out, {"load_before": before, "load_after": load_average(), "steps": args.steps, "warmup": args.warmup,
                                  "repeats": args.repeats, "rows": rows, "table": text})

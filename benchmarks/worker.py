@@ -192,7 +192,10 @@ def run_lightning(cfg: dict) -> dict | None:
     result = rates(timer.times, cfg["warmup"], batch)
     if monitor is not None:
         s = monitor.summary()
-        result.update(ratio=s["ratio"], bytes=s["bytes"], bubble=s["bubble"],
+        kinds: dict[str, int] = {}
+        for link in s["links"].values():  # activation, gradient, input (raw inputs/targets sent ahead)
+            kinds[link["kind"]] = kinds.get(link["kind"], 0) + link["bytes_sent"]
+        result.update(ratio=s["ratio"], bytes=s["bytes"], bytes_by_kind=kinds, bubble=s["bubble"],
                       busy={r: v["compute_s"] for r, v in s["ranks"].items()})
         if strategy.auto_choices:
             result["auto"] = strategy.auto_choices

@@ -35,7 +35,7 @@ def test_speedups_and_break_even():
     assert 50 < crossing < 1000
     assert break_even({50: 2.0, 200: 1.5}).startswith("pays")
     assert break_even({50: 0.9}).startswith("never")
-    assert "| 50 | q | 40 | 30-50 | 2.50x | 2.00-3.00 | - |" in tables([{**r, "errors": []} for r in rows])
+    assert "| 50 | q | 40 | 30-50 | 2.50x | 2.00-3.00 | - |" in tables([{**r, "errors": []} for r in rows], batch=8)
 
 
 def test_repetitions_go_round_every_config():
