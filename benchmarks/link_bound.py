@@ -11,6 +11,7 @@ where the link is the bottleneck, no codec can speed a step up by more than all 
 from __future__ import annotations
 
 import statistics
+
 from benchmarks.common import fmt, markdown_table
 
 #: Wire bytes a codec never sees: inputs/targets a stage receives raw from the data's reader.

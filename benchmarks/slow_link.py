@@ -32,11 +32,11 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.codecs import CODECS, LEARNED, NAMED  # noqa: E402
-from benchmarks.link_bound import link_bound_table, per_step  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     axes, finish, fmt, load_average, markdown_table, median_spread, netns_available, rep_ratios, repeat_round, run,
     slow_loopback, write_json,
 )
+from benchmarks.link_bound import link_bound_table, per_step  # noqa: E402
 
 
 def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Optional[list[str]] = None,
