@@ -27,6 +27,18 @@ def per_step(result: dict) -> dict:
             "bytes_per_step_by_kind": {k: v / steps for k, v in (result.get("bytes_by_kind") or {}).items()}}
 
 
+def median_per_step(results: list[dict]) -> dict:
+    """:func:`per_step` over several runs of one method: the median of each field
+    (``bytes_per_step`` None where no run has bytes)."""
+    each = [e for e in map(per_step, results) if e]
+    if not each:
+        return {"bytes_per_step": None}
+    kinds = dict.fromkeys(k for e in each for k in e["bytes_per_step_by_kind"])
+    return {"bytes_per_step": statistics.median(e["bytes_per_step"] for e in each),
+            "bytes_per_step_by_kind": {k: statistics.median(e["bytes_per_step_by_kind"].get(k, 0.0) for e in each)
+                                       for k in kinds}}
+
+
 def link_bound_rows(rows: list[dict], batch: int) -> list[dict]:
     """One dict per shaped rate where ``none`` ran with its bytes and the unlimited ``none`` ran
     too: rate, bytes per step, transfer and unlimited step seconds, their ratio, the measured
@@ -66,3 +78,9 @@ def link_bound_table(rows: list[dict], batch: int) -> str:
     return markdown_table(["link (Mbit/s)", "none: MB per step", "s to send them at the rate", "unlimited step (s)",
                            "link-bound (send / unlimited step)", "measured none step / unlimited step",
                            "raw inputs' share (no codec)", "codec speed-up ceiling (all / raw bytes)"], body)
+
+
+def with_link_bound(text: str, rows: list[dict], batch: int) -> str:
+    """A slow-link script's tables ``text`` with :func:`link_bound_table` after them, where it has rows."""
+    bound = link_bound_table(rows, batch)
+    return text + ("\n\n" + bound if bound else "")

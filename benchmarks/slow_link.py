@@ -36,7 +36,7 @@ from benchmarks.common import (  # noqa: E402
     axes, finish, fmt, load_average, markdown_table, median_spread, netns_available, rep_ratios, repeat_round, run,
     slow_loopback, write_json,
 )
-from benchmarks.link_bound import link_bound_table, per_step  # noqa: E402
+from benchmarks.link_bound import per_step, with_link_bound  # noqa: E402
 
 
 def measure(rates: list[Optional[float]], base: dict, ddp: bool, methods: Optional[list[str]] = None,
@@ -111,8 +111,7 @@ def tables(rows: list[dict], batch: int) -> str:
                             "vs none spread", "wire ratio"], body)
     second = markdown_table(["method", "break-even (median speed-up over none falls below 1)"],
                             [[m, break_even(c)] for m, c in median_speedups(rows).items() if m != "none"])
-    bound = link_bound_table(rows, batch)
-    return first + "\n\n" + second + ("\n\n" + bound if bound else "")
+    return with_link_bound(first + "\n\n" + second, rows, batch)
 
 
 def plot(rows: list[dict], name: str = "slow_link.png") -> Path:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import (  # noqa: E402
     axes, finish, fmt, load_average, markdown_table, netns_available, run, slow_loopback, write_json,
 )
-from benchmarks.link_bound import link_bound_table, per_step  # noqa: E402
+from benchmarks.link_bound import median_per_step, with_link_bound  # noqa: E402
 
 BATCH = 256
 METHODS = {
@@ -89,7 +89,7 @@ def measure(rates: list[Optional[float]], methods: list[str], repeats: int, step
 def row(rate: Optional[float], method: str, results: list[dict]) -> dict:
     ok = [r for r in results if r.get("samples_per_s")]
     return dict(rate_mbit=rate, method=method, samples_per_s=[r["samples_per_s"] for r in ok],
-                **(per_step(ok[-1]) if ok else {"bytes_per_step": None}),
+                **median_per_step(ok),
                 ratio=statistics.median([r["ratio"] for r in ok]) if ok else None,
                 auto=[r.get("auto") for r in ok] if method == "auto" else None,
                 auto_decisions=ok[-1].get("auto_decisions") if method == "auto" and ok else None,
@@ -146,9 +146,7 @@ def main() -> None:
     before = load_average()
     print(before, flush=True)
     rows = measure(rates, args.methods, args.repeats, args.steps, args.warmup)
-    text = table(rows)
-    bound = link_bound_table(rows, BATCH)
-    text += ("\n\n" + bound) if bound else ""
+    text = with_link_bound(table(rows), rows, BATCH)
     print(text)
     path = write_json(args.out, {"load_before": before, "load_after": load_average(), "steps": args.steps, "warmup": args.warmup,
                                  "repeats": args.repeats, "rows": rows, "table": text})

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -192,10 +193,10 @@ def run_lightning(cfg: dict) -> dict | None:
     result = rates(timer.times, cfg["warmup"], batch)
     if monitor is not None:
         s = monitor.summary()
-        kinds: dict[str, int] = {}
-        for link in s["links"].values():  # activation, gradient, input (raw inputs/targets sent ahead)
-            kinds[link["kind"]] = kinds.get(link["kind"], 0) + link["bytes_sent"]
-        result.update(ratio=s["ratio"], bytes=s["bytes"], bytes_by_kind=kinds, bubble=s["bubble"],
+        kinds = Counter()  # activation, gradient, input (raw inputs/targets sent ahead)
+        for link in s["links"].values():
+            kinds[link["kind"]] += link["bytes_sent"]
+        result.update(ratio=s["ratio"], bytes=s["bytes"], bytes_by_kind=dict(kinds), bubble=s["bubble"],
                       busy={r: v["compute_s"] for r, v in s["ranks"].items()})
         if strategy.auto_choices:
             result["auto"] = strategy.auto_choices
