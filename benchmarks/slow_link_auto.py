@@ -89,6 +89,7 @@ def measure(rates: list[Optional[float]], methods: list[str], repeats: int, step
 def row(rate: Optional[float], method: str, results: list[dict]) -> dict:
     ok = [r for r in results if r.get("samples_per_s")]
     return dict(rate_mbit=rate, method=method, samples_per_s=[r["samples_per_s"] for r in ok],
+                by_repetition=[r.get("samples_per_s") for r in results],
                 **median_per_step(ok),
                 ratio=statistics.median([r["ratio"] for r in ok]) if ok else None,
                 auto=[r.get("auto") for r in ok] if method == "auto" else None,
@@ -96,22 +97,36 @@ def row(rate: Optional[float], method: str, results: list[dict]) -> dict:
                 errors=[r.get("error") for r in results if not r.get("samples_per_s")])
 
 
+def paired_ratios(r: dict, none: Optional[dict]) -> list[float]:
+    """r's samples/s over ``none``'s in each repetition both completed (they ran side by
+    side: a drift of the machine moves both); empty without ``none`` or per-repetition data."""
+    if none is None or "by_repetition" not in r or "by_repetition" not in none:
+        return []
+    return [a / b for a, b in zip(r["by_repetition"], none["by_repetition"]) if a and b]
+
+
 def table(rows: list[dict]) -> str:
-    """Per rate and method: median samples/s, spread, wire ratio, auto over the best fixed codec."""
+    """Per rate and method: median samples/s, spread, the median of the per-repetition ratios to
+    ``none`` and their spread, wire ratio, auto over the best fixed codec."""
     body = []
     for rate in dict.fromkeys(r["rate_mbit"] for r in rows):
         at = [r for r in rows if r["rate_mbit"] == rate]
         median = {r["method"]: statistics.median(r["samples_per_s"]) for r in at if r["samples_per_s"]}
         fixed = max((v for m, v in median.items() if m != "auto"), default=None)
+        none = next((r for r in at if r["method"] == "none"), None)
         for r in at:
             sps = median.get(r["method"])
             spread = f"{min(r['samples_per_s']):.0f}-{max(r['samples_per_s']):.0f}" if r["samples_per_s"] else "-"
+            paired = paired_ratios(r, none) if r is not none else []
+            vs_none = (f"{statistics.median(paired):.3f}x ({min(paired):.3f}-{max(paired):.3f})"
+                       if paired else "")
             vs = fmt(sps / fixed, ".2f", "x") if r["method"] == "auto" and sps and fixed else ""
             chose = ", ".join(sorted({f"{k}: {v}" for a in (r["auto"] or []) if a for k, v in a.items()}))
-            body.append([fmt(rate, "g") if rate else "unlimited", r["method"], fmt(sps, ".0f"), spread,
+            body.append([fmt(rate, "g") if rate else "unlimited", r["method"], fmt(sps, ".0f"), spread, vs_none,
                          fmt(r["ratio"], ".3f"), vs, chose[:120], "; ".join(map(str, r["errors"]))[:60]])
-    return markdown_table(["link (Mbit/s)", "method", "samples/s (median)", "spread", "wire/raw",
-                           "auto / best fixed", "auto chose", "errors"], body)
+    return markdown_table(["link (Mbit/s)", "method", "samples/s (median)", "spread",
+                           "/ none, same repetition (median, spread)", "wire/raw", "auto / best fixed",
+                           "auto chose", "errors"], body)
 
 
 def plot(rows: list[dict], name: str = "slow_link_auto.png") -> Path:

@@ -69,7 +69,7 @@ from .base import Compressor, check_int
 from .bitpack import pack, packed_nbytes, unpack
 from .exact import host_values
 from .kernels import (exponent_factors, fwht_rows, hadamard_decode, hadamard_payload, hadamard_rotate, hadamard_signs,
-                      transform_scale, unweighted_lloyd)
+                      sort_values, transform_scale, unweighted_lloyd)
 from .kernels.rotation import HEAD_NBYTES as _META, MAX_EXPONENT, MAX_LOG2_BLOCK, NONFINITE
 from .packet import Packet, bytes_as, host_bytes
 from .registry import register_compressor
@@ -285,7 +285,7 @@ def _encode_host(seed: int, x: np.ndarray, n: int, bits: int, iterations: int) -
     exponent = hadamard_rotate(x, seed, n, MIN_EXPONENT, u, sigma)
     if exponent == NONFINITE:
         return None
-    values = np.sort(_sample(u, fit_sample_size(levels_n, SAMPLE)))               # [M]
+    values = sort_values(_sample(u, fit_sample_size(levels_n, SAMPLE)))               # [M]
     head = np.array((seed, n.bit_length() - 1, bits, exponent), dtype=np.int32)
     payload = np.empty(hadamard_nbytes(x.size, n, bits), dtype=np.uint8)
     hadamard_payload(u, values, normal_levels(levels_n).numpy(), iterations, head, sigma, bits, payload)
@@ -310,7 +310,7 @@ def fit_levels_host(sample: np.ndarray, levels_n: int, iterations: int) -> np.nd
     """sample: [M] float32 (about unit RMS) -> [L] float32 sorted levels after Lloyd steps, from
     the normal's (each level moves to the mean of the values nearest it; it stops early when none
     moves; a level without values stays): compiled, ``kernels.unweighted_lloyd``."""
-    return unweighted_lloyd(np.sort(sample), normal_levels(levels_n).numpy(), iterations)
+    return unweighted_lloyd(sort_values(sample), normal_levels(levels_n).numpy(), iterations)
 
 
 @functools.lru_cache(maxsize=None)

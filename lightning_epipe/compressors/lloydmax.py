@@ -98,7 +98,7 @@ from .cache_blocks import cache_blocks
 from .exact import host_values
 from .grid import GRID, Grid, grid_size
 from .host import compiled_decode, compiled_on, host_payload, lookup_host
-from .kernels import codebook_decode, lloydmax_codes, tail_fit_values
+from .kernels import codebook_decode, lloydmax_codes, sort_values, tail_fit_values
 from .levels import F32_OVERFLOW
 from .sampling import fit_sample_size, strided_sample
 from .packet import Packet, bytes_as, host_bytes
@@ -404,7 +404,7 @@ def fit_sample(x: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray | None]
     The min and max are among the tails.
     """
     if x.size <= size:
-        return np.sort(x), None
-    values, weights, nan = tail_fit_values(x, np.sort(strided_sample(x, size)), TAIL_RANKS)  # compiled, one pass
-    return (np.sort(x), None) if nan else (values, weights)
+        return sort_values(x), None
+    values, weights, nan = tail_fit_values(x, sort_values(strided_sample(x, size)), TAIL_RANKS)  # compiled, one pass
+    return (sort_values(x), None) if nan else (values, weights)
 

@@ -45,7 +45,7 @@ import torch
 from .base import Compressor, check_int
 from .bitpack import pack, pack_host
 from .exact import MAX_SPIKES, exact_candidates, host_values, repeated_run
-from .kernels import CHAIN_BUCKETS, sortquant_codes, sortquant_payload, sortquant_tables
+from .kernels import CHAIN_BUCKETS, sort_values, sortquant_codes, sortquant_payload, sortquant_tables
 from .levels import (compiled_head, decode_levels, f32, host_levels_payload, host_work, levels_head, new_payload,
                      work_dtype, write_codes)
 from .sampling import strided_sample
@@ -160,7 +160,7 @@ class SortQuant(Compressor):
         payload as the torch path, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
-        values = np.sort(x)                                                      # [N]
+        values = sort_values(x)                                                  # [N]
         first, last = float(values[0]), float(values[-1])
         self.raise_if_nonfinite(flat, probe=last - first)  # NaN sorts last
         starts = _starts_array(count, buckets)                                   # [K+1]

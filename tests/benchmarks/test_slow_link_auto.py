@@ -1,6 +1,6 @@
 """benchmarks/slow_link_auto.py without processes: its configuration, rows and table."""
 
-from benchmarks.slow_link_auto import DEFAULT_METHODS, METHODS, RATES, config, row, table
+from benchmarks.slow_link_auto import DEFAULT_METHODS, METHODS, RATES, config, paired_ratios, row, table
 
 
 def test_the_issue_setting():
@@ -24,5 +24,18 @@ def test_rows_and_table_compare_auto_with_the_best_fixed_codec():
     assert rows[1]["samples_per_s"] == [50.0] and rows[1]["errors"] == ["hung"]
     assert rows[0]["auto_decisions"] == [{"step": 1}] and rows[0]["bytes_per_step"] == 100
     lines = table(rows).splitlines()
-    assert "| 20 | auto | 100 | 100-100 | 0.250 | 1.25x | activation/cut0: fp16 |  |" in lines
+    assert "| 20 | auto | 100 | 100-100 | 2.000x (2.000-2.000) | 0.250 | 1.25x | activation/cut0: fp16 |  |" in lines
     assert any(line.startswith("| 20 | none | 50 |") and line.endswith("| hung |") for line in lines)
+
+
+def test_ratios_to_none_pair_the_repetitions_that_ran_side_by_side():
+    def ok(sps):
+        return {"samples_per_s": sps, "steps": 10, "bytes": 1000, "ratio": 1.0}
+
+    none = row(None, "none", [ok(100.0), {"error": "hung"}, ok(200.0), ok(150.0)])
+    codec = row(None, "fp16", [ok(95.0), ok(120.0), ok(190.0), {"error": "died"}])
+    assert codec["by_repetition"] == [95.0, 120.0, 190.0, None]
+    assert paired_ratios(codec, none) == [0.95, 0.95]   # repetition 2: none failed; 4: fp16 failed
+    assert paired_ratios(codec, None) == [] and paired_ratios({"samples_per_s": [1.0]}, none) == []
+    line = next(x for x in table([none, codec]).splitlines() if "| fp16 |" in x)
+    assert "| 0.950x (0.950-0.950) |" in line    # the medians alone would read 120 / 150 = 0.80x

@@ -8,6 +8,7 @@ import torch
 
 from lightning_epipe.compressors import Packet, get_compressor, host, kernels, lloydmax
 from lightning_epipe.compressors.bitpack import pack, pack_into, packed_nbytes
+from lightning_epipe.compressors.kernels.sorting import radix_sort_f32
 from lightning_epipe.compressors.levels import lookup, read_levels
 
 
@@ -384,3 +385,37 @@ def test_spread_is_searchsorted_of_the_quantile_targets_ties_included():
                       (np.concatenate([np.ones(50), [500.0], np.ones(50)]), 20), (rng.pareto(1.5, 3000) + 0.01, 255),
                       (np.full(7, 2.0), 9)]:
         assert np.array_equal(_spread(weight, n), _spread_reference(weight, n)), (weight.size, n)
+
+
+def _total_order(x: np.ndarray) -> np.ndarray:
+    """x [N] float32 sorted by the IEEE total order of its bits (-0.0 before +0.0), NaNs
+    last as the quiet NaN 0x7FFFFFFF: ``radix_sort_f32``'s definition."""
+    bits = x.view(np.uint32)
+    nan = np.isnan(x)
+    keys = np.where(bits >> 31 == 1, ~bits, bits | np.uint32(1 << 31))[~nan]
+    ordered = np.sort(keys)
+    finite = np.where(ordered >> 31 == 1, ordered ^ np.uint32(1 << 31), ~ordered).view(np.float32)
+    return np.concatenate([finite, np.full(int(nan.sum()), np.uint32(0x7FFFFFFF)).view(np.float32)])
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 2047, 2048, 5000, 70000])
+def test_radix_sort_is_the_bits_total_order_nans_last(n):
+    rng = np.random.default_rng(n)
+    normal = rng.standard_normal(n).astype(np.float32)
+    special = normal.copy()
+    special[: min(n, 8)] = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, -np.nan, 1e-45, -1e-45],
+                                    dtype=np.float32)[: min(n, 8)]
+    for x in (normal, np.maximum(normal, 0), np.where(normal < 0.4, -0.0, 0.0).astype(np.float32),
+              np.full(n, -0.5, dtype=np.float32), special, normal * np.float32(1e-3) + np.float32(7),
+              np.sort(normal)[::-1].copy()):
+        out = radix_sort_f32(x)
+        assert np.array_equal(out.view(np.uint32), _total_order(x).view(np.uint32)), n
+        assert np.array_equal(kernels.sort_values(x), np.sort(x), equal_nan=True)  # values as numpy's
+
+
+def test_sort_values_keeps_numpys_sort_for_float64_small_and_strided_arrays():
+    x = np.random.default_rng(1).standard_normal(6000)
+    assert np.array_equal(kernels.sort_values(x), np.sort(x))                       # float64
+    strided = x.astype(np.float32)[::2]
+    assert np.array_equal(kernels.sort_values(strided), np.sort(strided))           # not contiguous
+    assert np.array_equal(kernels.sort_values(strided[:100]), np.sort(strided[:100]))

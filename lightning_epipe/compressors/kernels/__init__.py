@@ -23,6 +23,7 @@ definition:
 - ``lloyd``: ``lloydmax``'s fit sample, fit and each element's nearest level; ``hadamard``'s fit
   and codes;
 - ``selection``: ``topk``'s positions of the largest magnitudes (``largest_positions``);
+- ``sorting``: a float32 radix sort for the host paths' sorted values (``sort_values``);
 - ``rotation``: ``hadamard``'s signs, transform, block scales and whole decode;
 - ``lowrank``: ``powersgd``'s power iteration and its decode.
 
@@ -45,11 +46,12 @@ from .packing import (LOOKUP_WIDTHS, codebook_decode, levels_decode, lookup_code
 from .rotation import exponent_factors, fwht_rows, hadamard_decode, hadamard_rotate, hadamard_signs, transform_scale
 from .scans import min_max, quantize_codes, sampled_frequent_values
 from .selection import largest_positions
+from .sorting import sort_values
 
 __all__ = ["jit", "CHAIN_BUCKETS", "LOOKUP_WIDTHS", "bucket_code", "bucket_codes", "codebook_decode", "count_below",
            "exponent_factors", "fit_levels_sorted", "fwht_rows", "hadamard_codes", "hadamard_decode",
            "hadamard_payload", "hadamard_rotate", "hadamard_signs", "largest_positions", "levels_decode",
            "levels_payload", "lloyd_steps", "lloydmax_codes", "lookup_codes", "low_rank_product", "min_max",
            "pack_codes", "power_iteration", "quantize_codes", "repeated_sorted", "retag_run", "sampled_frequent_values",
-           "sortquant_codes", "sortquant_payload", "sortquant_tables", "sparse_decode", "tail_fit_values",
+           "sort_values", "sortquant_codes", "sortquant_payload", "sortquant_tables", "sparse_decode", "tail_fit_values",
            "transform_scale", "unpack_codes", "unweighted_lloyd"]
