@@ -151,13 +151,13 @@ class SortQuant(Compressor):
         return payload
 
     def _encode_small(self, flat: torch.Tensor) -> torch.Tensor:
-        """``_encode_exact`` on the host: a sort of the values (numpy), then one compiled
-        call (``kernels.sortquant_payload``: the exact values, the bucket tables, the head
-        and every element's code, its bucket by comparison with the values at the bucket
-        starts, no argsort; the ties across a start take the buckets of their ranks),
-        written straight into the payload at 8 bits. The 16-bit dtypes, whose levels
-        ``levels_head`` rounds, take the same compiled steps one call at a time. Same
-        payload as the torch path, bit for bit."""
+        """``_encode_exact`` on the host: a sort of the values (``kernels.sort_values``, a
+        radix sort for float32), then one compiled call (``kernels.sortquant_payload``: the
+        exact values, the bucket tables, the head and every element's code, its bucket by
+        comparison with the values at the bucket starts, no argsort; the ties across a start
+        take the buckets of their ranks), written straight into the payload at 8 bits. The
+        16-bit dtypes, whose levels ``levels_head`` rounds, take the same compiled steps one
+        call at a time. Same payload as the torch path, bit for bit."""
         count, buckets, q_bits = flat.numel(), 1 << self.split, self.bits - self.split
         x = host_values(flat)                                                    # [N]
         values = sort_values(x)                                                  # [N]

@@ -166,3 +166,19 @@ def test_label():
     assert codec_label("none", {}) == "none"
     assert codec_label("sortquant", {"bits": 8}) == "sortquant(bits=8)"
     assert codec_label("topk", {"fraction": 0.1, "bits": 8}) == "topk(fraction=0.1, bits=8)"
+
+
+def test_hadamard_is_autos_4_bit_code_where_a_heavy_tailed_gradient_fails_lloydmax():
+    """A gradient whose scale varies by element (normal times a log-normal): Lloyd-Max's 16 levels
+    miss the budget, the rotated code's error does not depend on the tails; on a slow link auto
+    takes it over the 6- and 8-bit codes."""
+    from lightning_epipe.strategy.compression.auto_choice import GRADIENT_ERROR_BUDGET, choose_codec
+
+    g = torch.Generator().manual_seed(0)
+    grad = 1e-3 * torch.randn(32, 1024, generator=g) * torch.exp(torch.randn(32, 1024, generator=g))
+    profiles = profile_codecs(grad, repeats=1, warmup=1)
+    p = by_label(profiles)
+    assert p["lloydmax(bits=4)"].error > GRADIENT_ERROR_BUDGET > p["hadamard(bits=4)"].error
+    assert p["hadamard(bits=4)"].ratio < 0.6 * p["lloydmax(bits=8)"].ratio
+    choice = choose_codec(profiles, grad.numel() * 4, 0.5e6, GRADIENT_ERROR_BUDGET, cut=0, direction="gradient")
+    assert choice.label == "hadamard(bits=4)"   # 0.5 MB/s: every byte costs 2 us, a call ~0.3 ms
