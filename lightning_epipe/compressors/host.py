@@ -9,7 +9,7 @@ widened to float32, exactly) and its payload written by numpy and the compiled l
 hold on both paths. Every codec with a host path takes it up to ``HOST_MAX`` elements;
 ``quantize``'s and ``hadamard``'s encodes and the decodes of ``quantize``, ``sortquant``,
 ``lloydmax`` and ``hadamard`` up to ``COMPILED_MAX`` (a few compiled passes each, on one
-core); ``lloydmax`` and ``sortquant``, whose
+core), ``powersgd``'s up to its ``COMPILED_MAX``; ``lloydmax`` and ``sortquant``, whose
 host paths sort the values where their default torch paths build grids, encode on the host
 up to their own limits (``lloydmax.SORTED_FIT_MAX``, ``sortquant.EXACT_BELOW``). CUDA
 tensors, and larger ones, take the torch path.

@@ -17,7 +17,7 @@ Tuning: ``rank`` sets the ratio, ``r (m + n) / (m n)``; the error falls as rank 
 fast for activations whose channels are correlated. ``iterations`` 1-2 with the warm start;
 more help only for inputs that change a lot between calls.
 
-A finite CPU tensor of at most ``host.HOST_MAX`` elements runs the iterations in one compiled
+A finite CPU tensor of at most ``COMPILED_MAX`` elements runs the iterations in one compiled
 call (``kernels.power_iteration``: float64 sums, a Householder QR with LAPACK's signs), and a
 CPU packet of that size decodes in one (``kernels.low_rank_product``): the torch path's
 factors up to rounding, column signs included, so a stream's warm start carries over between
@@ -36,16 +36,28 @@ import numpy as np
 import torch
 
 from .base import Compressor, check_int
-from .host import on_host
 from .kernels import low_rank_product, power_iteration
 from .packet import DTYPE_CODES, Packet, bytes_as, host_bytes
 from .registry import register_compressor
 
-__all__ = ["PowerSGD", "matrix_shape"]
+__all__ = ["PowerSGD", "matrix_shape", "COMPILED_MAX"]
+
+#: CPU tensors of at most this many elements encode and decode in compiled calls
+#: (``kernels.power_iteration``, ``kernels.low_rank_product``), on one core: at rank 4 and one
+#: torch thread, [32, 1024] encodes in ~130 us there against ~340 on the torch path (a QR and
+#: two matmuls an iteration) and [64, 1024] in ~225 against ~570, each decode as fast or
+#: faster; from ~2**17 elements some shapes decode faster in torch, and from 2**20 some
+#: encode faster there (and torch's matmuls take every thread).
+COMPILED_MAX = 1 << 16
 
 _PREFIX = struct.Struct("<BBBBI")
 _SEED = 0
 _WIRES = {code: dtype for dtype, code in DTYPE_CODES.items()}  # wire dtype code -> dtype
+
+
+def _compiled(numel: int, device: torch.device) -> bool:
+    """Whether a tensor of ``numel`` elements on ``device`` takes the compiled calls."""
+    return device.type == "cpu" and numel <= COMPILED_MAX
 
 
 def matrix_shape(shape: torch.Size) -> tuple[int, int, int]:
@@ -90,7 +102,7 @@ class PowerSGD(Compressor):
         else:
             generator = torch.Generator(device=x.device).manual_seed(_SEED)
             q = torch.randn(b, n, rank, generator=generator, device=x.device, dtype=work)
-        if on_host(x.numel(), x.device):  # one compiled call (kernels.power_iteration)
+        if _compiled(x.numel(), x.device):  # one compiled call (kernels.power_iteration)
             q_host = q.contiguous().numpy().copy()                                # [B, n, r], overwritten
             p_host = np.empty((b, m, rank), dtype=q_host.dtype)                   # [B, m, r]
             probe = power_iteration(matrix.contiguous().numpy(), q_host, self.iterations, p_host)
@@ -127,7 +139,7 @@ class PowerSGD(Compressor):
             self.expect_packet(packet, False, f"P [{b}, {m}, {rank}] and Q [{b}, {n}, {rank}] of {wire} take "
                                               f"{expected} bytes with the prefix")
         work = torch.float64 if packet.dtype == torch.float64 else torch.float32
-        if on_host(packet.shape.numel(), payload.device) and wire in (torch.float32, torch.float64):
+        if _compiled(packet.shape.numel(), payload.device) and wire in (torch.float32, torch.float64):
             raw = payload.numpy()
             factors = raw[_PREFIX.size:].view(np.float32 if wire == torch.float32 else np.float64)  # [B (m + n) r]
             out = np.empty((b, m, n), dtype=np.float64 if work == torch.float64 else np.float32)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_epipe.compressors import NonFiniteError, Packet, PacketError, PowerSGD, host
+from lightning_epipe.compressors import NonFiniteError, Packet, PacketError, PowerSGD, powersgd
 from lightning_epipe.compressors.packet import DTYPE_CODES, header_nbytes
 from lightning_epipe.compressors.powersgd import matrix_shape
 
@@ -132,11 +132,11 @@ def test_payload_rank_beyond_the_matrix_is_refused():
 
 
 def torch_path(monkeypatch) -> None:
-    monkeypatch.setattr(host, "HOST_MAX", -1)
+    monkeypatch.setattr(powersgd, "COMPILED_MAX", -1)
 
 
 @pytest.mark.parametrize("shape, rank", [((3, 8, 50), 3), ((16, 256), 4), ((1, 256), 4), ((2, 4, 4), 4),
-                                         ((4, 5, 6), 2), ((5,), 1)])
+                                         ((4, 5, 6), 2), ((5,), 1), ((32, 1024), 4), ((2, 32, 32, 32), 4)])
 def test_host_path_is_the_torch_paths_factors_up_to_rounding_signs_included(shape, rank, monkeypatch):
     b, m, n = matrix_shape(torch.Size(shape))
     x = low_rank(b, m, n, decay=0.5).reshape(shape)  # singular values apart: factors well defined
