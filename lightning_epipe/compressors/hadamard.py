@@ -285,7 +285,7 @@ def _encode_host(seed: int, x: np.ndarray, n: int, bits: int, iterations: int) -
     exponent = hadamard_rotate(x, seed, n, MIN_EXPONENT, u, sigma)
     if exponent == NONFINITE:
         return None
-    values = sort_values(_sample(u, fit_sample_size(levels_n, SAMPLE)))               # [M]
+    values = sort_values(_sample(u, fit_sample_size(levels_n, SAMPLE)))            # [M]
     head = np.array((seed, n.bit_length() - 1, bits, exponent), dtype=np.int32)
     payload = np.empty(hadamard_nbytes(x.size, n, bits), dtype=np.uint8)
     hadamard_payload(u, values, normal_levels(levels_n).numpy(), iterations, head, sigma, bits, payload)
