@@ -45,6 +45,7 @@ def torch_path(monkeypatch) -> None:
     monkeypatch.setattr(lloydmax, "SORTED_FIT_MAX", -1)
     monkeypatch.setattr(sortquant, "EXACT_BELOW", -1)
     monkeypatch.setattr(sortquant, "EXACT_BELOW_OTHERWISE", -1)
+    monkeypatch.setattr(sortquant, "EXACT_HOST_MAX", -1)
     monkeypatch.setattr(hadamard, "_transforms_compiled", lambda x: False)
 
 

@@ -194,6 +194,14 @@ def test_estimated_property(values, bits, data, dtype):
     assert ((x.double() - y).abs() <= bound + ulp_slack(x)).all()
 
 
+def torch_path(monkeypatch) -> None:
+    """Exact boundaries on the torch path (a stable torch sort) at every size."""
+    from lightning_epipe.compressors import sortquant
+
+    monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
+    monkeypatch.setattr(sortquant, "EXACT_HOST_MAX", 0)
+
+
 @pytest.mark.parametrize("bits, split", [(8, 2), (5, 2), (12, 3)])
 @pytest.mark.parametrize("dtype", FLOATS + [torch.float64], ids=str)
 @pytest.mark.parametrize("n", [5, 500, 3000, 30_000])
@@ -206,9 +214,29 @@ def test_small_tensors_on_the_host_give_the_tensor_paths_bytes(monkeypatch, bits
     assert n <= sortquant.EXACT_BELOW  # each size on the host
     x = heavy_ties(n).to(dtype) * 1.37 - 0.25
     small = SortQuant(bits=bits, split=split).encode(x).payload
-    monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
+    torch_path(monkeypatch)
     assert torch.equal(SortQuant(bits=bits, split=split, boundaries="exact").encode(x).payload,
                        small)
+
+
+@pytest.mark.parametrize("bits, split", [(8, 2), (4, 1), (12, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_exact_boundaries_of_larger_cpu_tensors_take_the_host_path_with_the_same_bytes(monkeypatch, bits, split,
+                                                                                       dtype):
+    """Above EXACT_BELOW, exact boundaries on a CPU tensor of up to EXACT_HOST_MAX elements are
+    found on the host (radix sort, compiled codes): the torch path's payload, bit for bit."""
+    from lightning_epipe.compressors import sortquant
+
+    n = 3 * sortquant.EXACT_BELOW + 7
+    assert n <= sortquant.EXACT_HOST_MAX
+    x = torch.cat([heavy_ties(n // 2), torch.randn(n - n // 2, generator=torch.Generator().manual_seed(2))]).to(dtype)
+    calls = []
+    monkeypatch.setattr(SortQuant, "_encode_exact", lambda self, flat: calls.append(flat.numel()))
+    host = SortQuant(bits=bits, split=split, boundaries="exact").encode(x).payload
+    assert calls == []                                    # the host path wrote it
+    monkeypatch.undo()
+    torch_path(monkeypatch)
+    assert torch.equal(SortQuant(bits=bits, split=split, boundaries="exact").encode(x).payload, host)
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -217,13 +245,11 @@ def test_host_buckets_of_ties_crossing_bucket_starts_are_the_stable_sorts(monkey
     """Runs of equal values in the middle of the range that cross one or several bucket
     starts: each element of a run takes the bucket of its rank in a stable sort, on the
     host path as on the torch path."""
-    from lightning_epipe.compressors import sortquant
-
     g = torch.Generator().manual_seed(seed)
     n = int(torch.randint(50, 4000, (1,), generator=g))
     x = torch.randint(0, 5, (n,), generator=g).float() * 0.75 - 1.0  # 5 values, each a fifth
     small = SortQuant(bits=8, split=split).encode(x).payload
-    monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
+    torch_path(monkeypatch)
     assert torch.equal(SortQuant(bits=8, split=split, boundaries="exact").encode(x).payload, small)
 
 
@@ -231,11 +257,9 @@ def test_host_buckets_of_ties_crossing_bucket_starts_are_the_stable_sorts(monkey
 def test_host_codes_of_exact_values_near_float32s_max_are_the_tensor_paths(monkeypatch, split):
     """An exact value whose distance to its bucket's start overflows float32 (finite values
     near +-3e38) takes the numpy arithmetic: the same payload as the torch path."""
-    from lightning_epipe.compressors import sortquant
-
     x = torch.full((300,), 3e38)
     x[::3] = -3e38
     x[1::3] = -2e38  # the top bucket spans -2e38 .. 3e38: 3e38 - (-2e38) overflows float32
     small = SortQuant(bits=8, split=split).encode(x).payload
-    monkeypatch.setattr(sortquant, "EXACT_BELOW", 0)
+    torch_path(monkeypatch)
     assert torch.equal(SortQuant(bits=8, split=split, boundaries="exact").encode(x).payload, small)
