@@ -12,9 +12,9 @@ exact value is within a step of its bucket instead of half a step.
 
 Two ways to find the buckets (``boundaries``):
 
-- ``"exact"`` (and every CPU tensor of at most ``EXACT_BELOW`` elements; on the host, for
-  CPU tensors up to ``EXACT_HOST_MAX`` elements: a sort of the values, then each element's
-  rank bucket by comparison with the bucket starts, compiled): a stable sort; bucket k
+- ``"exact"`` (also every CPU tensor of at most ``EXACT_BELOW`` elements): a stable sort,
+  on the host for CPU tensors of up to ``EXACT_HOST_MAX`` elements (a sort of the values,
+  then each element's rank bucket by comparison with the bucket starts, compiled); bucket k
   holds ranks ``[ceil(k N / K), ceil((k+1) N / K))``, so counts differ by at most one
   even with ties, and bucket k spans ``[min_k, max_k]`` with ``2**Q`` levels:
   ``|x - y| <= step_k / 2``. On the torch path 60-130x the time of uniform quantization
