@@ -34,7 +34,8 @@ from typing import Optional
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (  # noqa: E402
-    axes, finish, fmt, load_average, markdown_table, netns_available, run, slow_loopback, write_json,
+    axes, finish, fmt, load_average, markdown_table, median_spread, netns_available, rep_ratios, run, slow_loopback,
+    write_json,
 )
 from benchmarks.link_bound import median_per_step, with_link_bound  # noqa: E402
 
@@ -102,7 +103,7 @@ def paired_ratios(r: dict, none: Optional[dict]) -> list[float]:
     side: a drift of the machine moves both); empty without ``none`` or per-repetition data."""
     if none is None or "by_repetition" not in r or "by_repetition" not in none:
         return []
-    return [a / b for a, b in zip(r["by_repetition"], none["by_repetition"]) if a and b]
+    return rep_ratios(r["by_repetition"], none["by_repetition"])
 
 
 def table(rows: list[dict]) -> str:
@@ -118,8 +119,7 @@ def table(rows: list[dict]) -> str:
             sps = median.get(r["method"])
             spread = f"{min(r['samples_per_s']):.0f}-{max(r['samples_per_s']):.0f}" if r["samples_per_s"] else "-"
             paired = paired_ratios(r, none) if r is not none else []
-            vs_none = (f"{statistics.median(paired):.3f}x ({min(paired):.3f}-{max(paired):.3f})"
-                       if paired else "")
+            vs_none = "{} ({})".format(*median_spread(paired, ".3f", "x")) if paired else ""
             vs = fmt(sps / fixed, ".2f", "x") if r["method"] == "auto" and sps and fixed else ""
             chose = ", ".join(sorted({f"{k}: {v}" for a in (r["auto"] or []) if a for k, v in a.items()}))
             body.append([fmt(rate, "g") if rate else "unlimited", r["method"], fmt(sps, ".0f"), spread, vs_none,

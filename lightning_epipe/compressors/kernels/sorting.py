@@ -36,8 +36,9 @@ def radix_sort_f32(x):  # pragma: no cover - compiled
     n = x.size
     bits = x.view(np.uint32)
     sign, nan_key = np.uint32(0x80000000), np.uint32(0xFFFFFFFF)
+    out = np.empty(n, dtype=np.float32)
     keys = np.empty(n, dtype=np.uint32)    # order-preserving: flip a negative's bits, set a positive's sign
-    spare = np.empty(n, dtype=np.uint32)
+    spare = out.view(np.uint32)            # the passes' second buffer, then the result in place
     counts = np.zeros((_DIGITS, _BINS), dtype=np.int64)
     mask = np.uint32(_BINS - 1)
     for i in range(n):
@@ -68,11 +69,9 @@ def radix_sort_f32(x):  # pragma: no cover - compiled
             target[counts[digit, d]] = k
             counts[digit, d] += 1
         source, target = target, source
-    out = np.empty(n, dtype=np.float32)
-    out_bits = out.view(np.uint32)
-    for i in range(n):
+    for i in range(n):                     # source is keys or spare: element by element, in place too
         k = source[i]
-        out_bits[i] = k ^ sign if k & sign else ~k
+        spare[i] = k ^ sign if k & sign else ~k
     return out
 
 
