@@ -1,10 +1,11 @@
 """A float32 sort, compiled: the host codecs' sorted values in a few linear passes.
 
 ``sortquant``'s exact boundaries and ``lloydmax``'s and ``hadamard``'s fits sort tens of
-thousands of values per call. numpy's comparison sort takes ~20 ns an element on some x86
-guests (benchmarks/README.md, section 5); a least-significant-digit radix sort on the
-values' bits takes three passes of 11 bits whatever the values, and skips a pass whose
-digit is the same in every element (a narrow range's high bits).
+thousands of values per call. numpy's comparison sort is slow on some x86 guests (with this
+sort ``sortquant``'s 128 KiB encode took 0.46x the time there: benchmarks/README.md, section
+5); a least-significant-digit radix sort on the values' bits takes three passes of 11 bits
+whatever the values, and skips a pass whose digit is the same in every element (a narrow
+range's high bits).
 
 Order: the IEEE total order of the bits, ``-inf < ... < -0.0 < +0.0 < ... < +inf``, every
 NaN last (as ``np.sort``; each one written back as the quiet NaN 0x7FFFFFFF). Where numpy
