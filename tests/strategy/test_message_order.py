@@ -13,6 +13,7 @@ from torch import nn
 
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import Kind
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 
 from tests.strategy.threaded import make_layers, reference, run_threaded
 
@@ -62,10 +63,9 @@ def test_servers_start_the_next_step_ahead(placement, size, schedule, rule):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize(("placement", "size"), LAYOUTS)
 def test_every_rank_closes_its_step(placement, size, schedule):
-    """Each step ends with no autograd hook and no send left open on any rank: a hook kept past
-    its step keeps its received activation and gradient alive (a leak of every step's), and a
-    send its frame. Under chain GPipe the client holds only the last stage, whose gradients all
-    leave from autograd hooks, so its backward has no task of its own left to run."""
+    """Each step ends with no autograd state and no send left open on any rank: a micro-batch's
+    saved graph or a weight pass kept past its step keeps its activations and gradients alive
+    (a leak of every step's), and a send its frame."""
     _, fabric, _, _ = run_threaded(placement, size, schedule, 4, steps=3, rule="gloo")
     assert fabric.open_ends == {rank: [(0, 0)] * 3 for rank in range(size)}
 
@@ -157,3 +157,35 @@ def test_a_cut_of_two_tensors_drains_and_equals_one_process(placement, balance, 
         trained, _, plan, batches = run_threaded(placement, 2, schedule, chunks, rule=rule, rows=rows,
                                                  make=_forked_layers, balance=balance)
         _check_weights(trained, plan, batches, 1, _forked_layers)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("placement", "size"), [("chain", 2), ("client-server", 3)])
+def test_input_gradients_leave_before_the_weights_gradients(placement, size, schedule, monkeypatch):
+    """Every stage that sends gradients upstream sends them before it computes its weights':
+    under GPipe all of the step's, then one weight pass for the stage; under 1F1B each
+    micro-batch's, then its weight pass. The weights still equal one process's."""
+    events = []
+    send_grads, run_passes = PipelineRuntime._send_grads, PipelineRuntime._run_weight_passes
+
+    def sent(self, peer, cut, mb, *args):
+        events.append((self.rank, cut + 1, "send", mb))
+        return send_grads(self, peer, cut, mb, *args)
+
+    def weights(self, s):
+        if self._weight_passes.get(s):
+            events.append((self.rank, s, "weights", len(self._weight_passes[s])))
+        return run_passes(self, s)
+
+    monkeypatch.setattr(PipelineRuntime, "_send_grads", sent)
+    monkeypatch.setattr(PipelineRuntime, "_run_weight_passes", weights)
+    chunks, steps = 4, 2
+    trained, _, plan, batches = run_threaded(placement, size, schedule, chunks, steps=steps, rule="gloo")
+    _check_weights(trained, plan, batches, 1)
+    for s in range(1, plan.num_stages):
+        order = [(kind, n) for rank, stage, kind, n in events if stage == s]
+        if schedule == "gpipe":
+            step = [("send", mb) for mb in reversed(range(chunks))] + [("weights", chunks)]
+        else:
+            step = [e for mb in range(chunks) for e in (("send", mb), ("weights", 1))]
+        assert order == step * steps, f"stage {s}: {order}"

@@ -10,11 +10,13 @@ What keeps the pipeline full:
 
 - the receive of every stream's next message is posted before the current one is
   computed on (``Transport.prepost``), and sends are never waited inside the loop;
-- under GPipe the last stage's loss is taken on the whole batch, but the gradient of each
-  micro-batch leaves for the stage before as soon as autograd has produced it: a hook on
-  the micro-batch's received activations (``torch.autograd.graph.register_multi_grad_hook``)
-  sends it from inside the backward, in the schedule's order (``m - 1`` down to ``0``);
-- every other stage runs a micro-batch's backward as soon as its gradient arrives.
+- under GPipe the last stage's loss is taken on the whole batch, from outputs handed out as
+  leaves: the loss's backward stops there, and the stage's backward runs micro-batch by
+  micro-batch from their gradients, in the schedule's order (``m - 1`` down to ``0``);
+- every other stage runs a micro-batch's backward as soon as its gradient arrives;
+- a stage that sends gradients upstream computes them first and its weights' gradients
+  after (``split_backward``): under GPipe once all of the stage's micro-batches have sent
+  theirs, under 1F1B right after each send.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from lightning_epipe.strategy.compression.codec_book import CodecBook
 from lightning_epipe.strategy.engine.microbatch import Batch, flatten, input_groups, join, scatter, tensors_of, unflatten
 from lightning_epipe.strategy.planning.partition import PipelinePlan
 from lightning_epipe.strategy.engine.schedule import Task, rank_tasks, rank_tasks_1f1b, recomputes
+from lightning_epipe.strategy.engine.split_backward import WeightPass, input_pass, run_weight_passes
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.engine.timing import ComputeTimer
 from lightning_epipe.strategy.comm.transport import Transport
@@ -101,6 +104,25 @@ class _Saved:
 
     leaves: list[Tensor]  # received tensors that require grad, in message order
     outputs: list[Tensor] = field(default_factory=list)  # sent tensors that require grad
+    handed: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # GPipe's last stage: (output, leaf handed out)
+    recomputed: bool = False  # its activations are recomputed in backward (torch.utils.checkpoint)
+
+
+def _hand_out(y: Any, handed: list[tuple[Tensor, Tensor]]) -> Any:
+    """The last stage's output ``y`` (a Tensor, or a tuple/list/dict of them) with every tensor
+    that requires grad replaced by a leaf of its values; ``handed`` gets each (tensor, leaf)."""
+    if isinstance(y, Tensor):
+        if not y.requires_grad:
+            return y
+        leaf = y.detach().requires_grad_()
+        handed.append((y, leaf))
+        return leaf
+    if isinstance(y, dict):
+        return {k: _hand_out(v, handed) for k, v in y.items()}
+    if isinstance(y, (tuple, list)):
+        values = [_hand_out(v, handed) for v in y]
+        return type(y)(*values) if hasattr(y, "_fields") else type(y)(values)
+    return y
 
 
 class PipelineRuntime:
@@ -110,7 +132,7 @@ class PipelineRuntime:
 
         plan = plan_pipeline(num_layers=len(seq), num_ranks=3, balance=[1, 2, 2, 1])
         runtime = PipelineRuntime(plan, r, seq, transport, codecs, PipelineStats())
-        outs = runtime.forward(scatter(x, 4))   # client: list of m outputs
+        outs = runtime.forward(scatter(x, 4))   # client: list of m outputs (leaves)
         loss(gather(outs)).backward(); runtime.backward()
     """
 
@@ -151,9 +173,7 @@ class PipelineRuntime:
         self._saved: dict[tuple[int, int], _Saved] = {}
         self._tensors_per_microbatch: dict[tuple[int, int], int] = {}  # (kind, peer) -> as in its last message
         self._one_f_one_b = False  # the current step runs as 1F1B (backward order ascending)
-        self._hooked: dict[int, list[Optional[Tensor]]] = {}  # GPipe: last-stage input gradients autograd produced
-        self._hook_handles: list[Any] = []
-        self._next_hooked = -1  # GPipe: the next micro-batch whose last-stage gradients go upstream
+        self._weight_passes: dict[int, list[WeightPass]] = {}  # GPipe: stage -> its weights' passes still to run
         self._input_layout_sent: Optional[dict] = None  # chain placement: the raw inputs' structure, as last sent
         self._input_layout: Optional[dict] = None  # ... and as last received
         self.input_group_bytes = INPUT_GROUP_BYTES
@@ -187,8 +207,10 @@ class PipelineRuntime:
 
     @property
     def open_ends(self) -> tuple[int, int]:
-        """(autograd hooks, sends) the current step still holds; both 0 once it has closed."""
-        return len(self._hook_handles), self.transport.sends_in_flight
+        """(autograd states: micro-batches not backpropagated and weight passes not run, sends)
+        the current step still holds; both 0 once it has closed."""
+        pending = len(self._saved) + sum(len(passes) for passes in self._weight_passes.values())
+        return pending, self.transport.sends_in_flight
 
     # ------------------------------------------------------------------ control (client -> servers)
 
@@ -277,8 +299,6 @@ class PipelineRuntime:
         outputs: dict[int, Any] = {}
         for task in rank_tasks(self.stage_ids, self.num_microbatches, "forward"):
             self._forward_task(task.stage, task.microbatch, microbatches, grad, outputs)
-        if grad:
-            self._next_hooked = self.num_microbatches - 1
         self.timer.settle()
         self.transport.flush()
         return self._outputs(outputs)
@@ -407,39 +427,50 @@ class PipelineRuntime:
             tensors, bare = self._recv(Kind.ACTIVATION, self.plan.stage_ranks[s - 1], s - 1, i, grad)
             leaves = [t for t in tensors if t.requires_grad]
             x = unflatten(tensors, bare)
+        recomputed = grad and recomputes(self.checkpoint, i, self.num_microbatches)
         with self.timer.measure(s):
-            if grad and recomputes(self.checkpoint, i, self.num_microbatches):
+            if recomputed:
                 y = torch.utils.checkpoint.checkpoint(self.stages[s], x, use_reentrant=False)
             else:
                 y = self.stages[s](x)
         if s == self.last_stage:
             outputs[i] = y
             if grad:
-                self._saved[(s, i)] = _Saved(leaves)
-                if leaves and s > 0 and not self._one_f_one_b:
-                    self._hook_handles.append(torch.autograd.graph.register_multi_grad_hook(
-                        leaves, lambda grads, i=i: self._on_last_stage_grads(i, grads), mode="all"))
+                saved = self._saved[(s, i)] = _Saved(leaves, recomputed=recomputed)
+                if not self._one_f_one_b:  # the loss's backward stops at the leaves handed out
+                    outputs[i] = _hand_out(y, saved.handed)
             return
         ys, bare = flatten(y)
         self._send(Kind.ACTIVATION, self.plan.stage_ranks[s + 1], s, i, ys, bare)
         if grad:
-            saved = self._saved[(s, i)] = _Saved(leaves, [t for t in ys if t.requires_grad and t.is_floating_point()])
+            outs = [t for t in ys if t.requires_grad and t.is_floating_point()]
+            saved = self._saved[(s, i)] = _Saved(leaves, outs, recomputed=recomputed)
             if self._one_f_one_b:
                 self._prepost_gradients_of(s, i, len(saved.outputs))
 
     # ------------------------------------------------------------------ backward
 
     def backward(self) -> None:
-        """Run this rank's backward tasks; the client calls it after ``loss.backward()``, whose
-        hooks may already have sent every gradient of the last stage (then only the step's
-        hooks and sends remain to be closed)."""
+        """Run this rank's backward tasks (the client after ``loss.backward()``, which left the
+        gradients of the last stage's outputs in the leaves handed out; under 1F1B only the
+        step's sends remain to be closed). Each stage's weight passes run once its last task
+        has sent its gradients upstream."""
         if self._saved:
             self.prepost_gradients()
-            for task in rank_tasks(self.stage_ids, self.num_microbatches, "backward"):
+            tasks = rank_tasks(self.stage_ids, self.num_microbatches, "backward")
+            for k, task in enumerate(tasks):
                 self._backward_task(task.stage, task.microbatch)
-        self._remove_hooks()
+                if k + 1 == len(tasks) or tasks[k + 1].stage != task.stage:
+                    self._run_weight_passes(task.stage)
         self.timer.settle()
         self.transport.flush()
+
+    def _run_weight_passes(self, s: int) -> None:
+        """Stage ``s``'s weight passes left by its backward tasks (``split_backward``), in one go."""
+        passes = self._weight_passes.pop(s, None)
+        if passes:
+            with self.timer.measure(s):
+                run_weight_passes(passes)
 
     def prepost_gradients(self) -> None:
         """GPipe, once the step's backward is certain to run: post the receives of its gradients
@@ -447,51 +478,43 @@ class PipelineRuntime:
         if self._saved and not self._one_f_one_b:
             self._prepost_phase(Kind.GRADIENT, range(self.num_microbatches - 1, -1, -1))
 
-    def _on_last_stage_grads(self, i: int, grads: Any) -> None:
-        """Autograd hook (GPipe): micro-batch ``i``'s gradients w.r.t. the last stage's received
-        activations exist; send every micro-batch whose turn has come, in the schedule's order."""
-        self._hooked[i] = list(grads)
-        while self._next_hooked in self._hooked:
-            mb = self._next_hooked
-            saved = self._saved.pop((self.last_stage, mb), None)
-            if saved is not None:
-                self._send_grads(self.plan.stage_ranks[self.last_stage - 1], self.last_stage - 1, mb, saved.leaves,
-                                 self._hooked[mb])
-            del self._hooked[mb]
-            self._next_hooked -= 1
-
-    def _remove_hooks(self) -> None:
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles.clear()
-        self._hooked.clear()
-
     def _backward_task(self, s: int, i: int, loss: Optional[Tensor] = None) -> None:
         """Backpropagate stage ``s`` for micro-batch ``i`` (the last stage from ``loss``, if given,
-        else from gradients its outputs already hold) and send its input gradients upstream."""
+        else from the gradients of the leaves it handed out) and send its input gradients
+        upstream; where they can be computed alone (``split_backward.input_pass``), before the
+        weights' gradients: those follow at once under 1F1B, after the stage's last task under
+        GPipe."""
         saved = self._saved.pop((s, i), None)
         if saved is None:
             return
-        pairs: list[tuple[Tensor, Optional[Tensor]]] = []
-        if s != self.last_stage:
+        if loss is not None:
+            pairs: list[tuple[Tensor, Optional[Tensor]]] = [(loss, None)]
+        elif s == self.last_stage:
+            pairs = [(y, leaf.grad) for y, leaf in saved.handed if leaf.grad is not None]
+        else:
             grads = self._recv_grads(self.plan.stage_ranks[s + 1], s, i, len(saved.outputs))
             pairs = [(o, g) for o, g in zip(saved.outputs, grads) if g is not None]
-        elif loss is not None:
-            pairs = [(loss, None)]
+        split = None
         if pairs:
+            outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
             with self.timer.measure(s):
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        if s != 0:
-            grads = self._hooked.pop(i, None) if s == self.last_stage else None
-            self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves, grads)
-            if s == self.last_stage:
-                self._next_hooked = i - 1
+                if saved.leaves and not saved.recomputed:
+                    split = input_pass(outs, grads, saved.leaves)
+                if split is None:
+                    torch.autograd.backward(outs, grads)
+        if s == 0:
+            return
+        self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves, None if split is None else split[0])
+        if split is not None:
+            self._weight_passes.setdefault(s, []).append(split[1])
+            if self._one_f_one_b:  # at once: 1F1B holds few micro-batches' activations
+                self._run_weight_passes(s)
 
     def discard(self) -> None:
         """Drop the autograd state of a step that will not be backpropagated."""
         self._saved.clear()
         self._paused = None
-        self._remove_hooks()
+        self._weight_passes.clear()
 
     # ------------------------------------------------------------------ messages
 
