@@ -78,6 +78,14 @@ ARGUMENTS = """\
             stage's step boundary is on the critical path of every step. Set ``False`` where a
             hook changes a server's weights or buffers between steps (``on_train_batch_end``,
             ``on_train_batch_start``; epoch ends excepted: a server never starts ahead across one).
+        split_backward: a stage that sends gradients upstream computes them before its
+            weights' gradients (an input pass, then a weight pass once the stage's micro-batches
+            have sent theirs; :mod:`~lightning_epipe.strategy.engine.split_backward`), so the
+            stage before starts its backward that much sooner. ``"auto"`` (default) splits a
+            stage whose forward of one micro-batch takes at least ``SPLIT_MIN_FLOPS`` on the
+            CPU (below it the split's per-micro-batch Python costs more than it moves); ``True``
+            splits every stage that can be (GPUs included, where ``"auto"`` does not: it has not
+            been measured there), ``False`` none.
         timeout: bound on every wait for a peer (and the process group's collectives).
         start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).
@@ -108,6 +116,7 @@ class PipelineConfig:
     nonfinite: str = "raise"
     checkpoint: str = "never"
     start_ahead: bool = True
+    split_backward: Union[bool, str] = "auto"
     timeout: timedelta = timedelta(minutes=10)
     start_method: str = "popen"
     process_group_backend: Optional[str] = None
@@ -136,6 +145,8 @@ class PipelineConfig:
             raise ValueError(f"error_feedback must be True or False, got {self.error_feedback!r}")
         if not isinstance(self.start_ahead, bool):
             raise ValueError(f"start_ahead must be True or False, got {self.start_ahead!r}")
+        if not isinstance(self.split_backward, bool) and self.split_backward != "auto":
+            raise ValueError(f"split_backward must be True, False or 'auto', got {self.split_backward!r}")
         check_bind_cores(self.bind_cores)
         self.codec_book(num_cuts=None)  # every codec name and argument, before any process starts
 

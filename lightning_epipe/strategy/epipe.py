@@ -102,6 +102,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         nonfinite: Literal["raise", "skip"] = "raise",
         checkpoint: Literal["always", "except_last", "never"] = "never",
         start_ahead: bool = True,
+        split_backward: Union[bool, Literal["auto"]] = "auto",
         timeout: timedelta = timedelta(minutes=10),
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         process_group_backend: Optional[str] = None,
@@ -120,7 +121,8 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
             gradient_compressor=gradient_compressor, compressor_kwargs=compressor_kwargs, error_feedback=error_feedback,
             delta_compression=delta_compression, delta_first=delta_first, delta_cache_limit=delta_cache_limit,
             balance=balance, replicas=replicas, pipeline=pipeline, placement=placement, nonfinite=nonfinite,
-            checkpoint=checkpoint, start_ahead=start_ahead, timeout=timeout, start_method=start_method,
+            checkpoint=checkpoint, start_ahead=start_ahead, split_backward=split_backward, timeout=timeout,
+            start_method=start_method,
             process_group_backend=process_group_backend, verify_checksum=verify_checksum, bind_cores=bind_cores,
         )
         self._backend = process_group_backend  # resolved in setup_environment
@@ -254,7 +256,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
                 self._pipe_transport.rate_window_bytes = self._tuner.window_bytes
         nonfinite = "allow" if scaler is not None else self.config.nonfinite  # overflow is the GradScaler's to handle
         runtime = PipelineRuntime(plan, self.pipeline_rank, layers, self._pipe_transport, codecs, self.stats,
-                                  nonfinite, self.config.checkpoint, assembly.bottlenecks)
+                                  nonfinite, self.config.checkpoint, assembly.bottlenecks, self.config.split_backward)
         self._checkpoint.attach(ckpt.CheckpointRank(
             self._transport, self.world_size, self.global_rank, self.root_device, module, assembly.pipeline_attr,
             None if self.is_client else tuple(plan.layers_of(self.pipeline_rank)), codecs, list(plan.balance),

@@ -309,6 +309,7 @@ def main() -> None:
     p.add_argument("--backend", default=None, help="process_group_backend, e.g. gloo between GPUs")
     p.add_argument("--bind-cores", action="store_true", help="every rank prints the CPU cores it runs on")
     p.add_argument("--no-start-ahead", action="store_true", help="EPipeStrategy(start_ahead=False)")
+    p.add_argument("--split-backward", default="auto", choices=["auto", "true", "false"], help="EPipeStrategy(split_backward=...)")
     p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-seconds before each optimizer step")
     p.add_argument("--slow-seconds", type=float, default=0.1)
     p.add_argument("--shrink", action="store_true",
@@ -322,6 +323,7 @@ def main() -> None:
         error_feedback=args.error_feedback, replicas=args.replicas, delta_compression=args.delta, delta_cache_limit=args.delta_cache_limit,
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
         process_group_backend=args.backend, bind_cores=args.bind_cores, start_ahead=not args.no_start_ahead,
+        split_backward={"auto": "auto", "true": True, "false": False}[args.split_backward],
     )
     manual_clip = None
     if args.manual_clip:

@@ -39,6 +39,7 @@ class NoSequential(L.LightningModule):
         (dict(balance="memory"), "balance must be"),
         (dict(error_feedback="gradient"), "error_feedback must be True or False"),
         (dict(start_ahead="yes"), "start_ahead must be True or False"),
+        (dict(split_backward="always"), "split_backward must be True, False or 'auto'"),
         (dict(replicas=0), "replicas must be a positive integer"),
         (dict(schedule="interleaved"), "schedule must be 'gpipe' or '1f1b'"),
         (dict(compressor="bottleneck", compressor_kwargs={"ratio": 2}), "ratio must be a number in"),

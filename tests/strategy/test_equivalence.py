@@ -37,6 +37,13 @@ CASES = {
     "1f1b-chain-2": (["--devices", "2", "--placement", "chain", "--schedule", "1f1b", "--chunks", "4"], dict(steps=3, batch_size=16)),
     "1f1b-chain-accumulate": (["--devices", "3", "--placement", "chain", "--schedule", "1f1b", "--accumulate", "2"], dict(steps=3, batch_size=16, accumulate=2)),
     "small-last-batch": (["--devices", "2", "--placement", "chain", "--chunks", "8", "--batch-size", "23"], dict(steps=5, batch_size=23)),
+    # input gradients before the weights' on every stage that sends them (the test model is below "auto"'s size)
+    "split-backward-clip-and-accumulate": (["--devices", "3", "--split-backward", "true", "--clip", "0.05", "--accumulate", "2"],
+                                           dict(steps=3, batch_size=16, clip=0.05, accumulate=2)),
+    "split-backward-1f1b-chain-2": (["--devices", "2", "--placement", "chain", "--schedule", "1f1b", "--chunks", "4",
+                                     "--split-backward", "true"], dict(steps=3, batch_size=16)),
+    "split-backward-manual-chain": (["--devices", "2", "--placement", "chain", "--manual", "--split-backward", "true"],
+                                    dict(steps=4, batch_size=16, manual=True)),
 }
 
 

@@ -30,20 +30,23 @@ def _check_weights(trained, plan, batches, replicas, make=make_layers):
     assert len(trained) == size * replicas
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole-backward", "split-backward"])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize(("placement", "size"), LAYOUTS)
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_every_layout_drains_under_nccl_rules(placement, size, schedule, replicas):
+def test_every_layout_drains_under_nccl_rules(placement, size, schedule, replicas, split):
     for chunks in range(1, 9):
-        trained, _, plan, batches = run_threaded(placement, size, schedule, chunks, replicas=replicas, rule="nccl")
+        trained, _, plan, batches = run_threaded(placement, size, schedule, chunks, replicas=replicas, rule="nccl",
+                                                 split_backward=split)
         _check_weights(trained, plan, batches, replicas)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole-backward", "split-backward"])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize(("placement", "size"), LAYOUTS)
-def test_every_layout_drains_under_gloo_rules(placement, size, schedule):
+def test_every_layout_drains_under_gloo_rules(placement, size, schedule, split):
     for chunks in (1, 3, 8):
-        trained, _, plan, batches = run_threaded(placement, size, schedule, chunks, rule="gloo")
+        trained, _, plan, batches = run_threaded(placement, size, schedule, chunks, rule="gloo", split_backward=split)
         _check_weights(trained, plan, batches, 1)
 
 
@@ -60,13 +63,14 @@ def test_servers_start_the_next_step_ahead(placement, size, schedule, rule):
         _check_weights(trained, plan, batches, 1)
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["whole-backward", "split-backward"])
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 @pytest.mark.parametrize(("placement", "size"), LAYOUTS)
-def test_every_rank_closes_its_step(placement, size, schedule):
+def test_every_rank_closes_its_step(placement, size, schedule, split):
     """Each step ends with no autograd state and no send left open on any rank: a micro-batch's
     saved graph or a weight pass kept past its step keeps its activations and gradients alive
     (a leak of every step's), and a send its frame."""
-    _, fabric, _, _ = run_threaded(placement, size, schedule, 4, steps=3, rule="gloo")
+    _, fabric, _, _ = run_threaded(placement, size, schedule, 4, steps=3, rule="gloo", split_backward=split)
     assert fabric.open_ends == {rank: [(0, 0)] * 3 for rank in range(size)}
 
 
@@ -180,7 +184,8 @@ def test_input_gradients_leave_before_the_weights_gradients(placement, size, sch
     monkeypatch.setattr(PipelineRuntime, "_send_grads", sent)
     monkeypatch.setattr(PipelineRuntime, "_run_weight_passes", weights)
     chunks, steps = 4, 2
-    trained, _, plan, batches = run_threaded(placement, size, schedule, chunks, steps=steps, rule="gloo")
+    trained, _, plan, batches = run_threaded(placement, size, schedule, chunks, steps=steps, rule="gloo",
+                                             split_backward=True)
     _check_weights(trained, plan, batches, 1)
     for s in range(1, plan.num_stages):
         order = [(kind, n) for rank, stage, kind, n in events if stage == s]

@@ -12,7 +12,8 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from lightning_epipe.strategy.engine.split_backward import input_pass, run_weight_passes
+from lightning_epipe.strategy.engine import split_backward
+from lightning_epipe.strategy.engine.split_backward import input_pass, run_weight_passes, worth_splitting
 
 WIDTH = 16
 
@@ -207,3 +208,25 @@ def test_where_the_backward_cannot_be_split_the_caller_runs_it_whole():
     assert input_pass([lin(leaf), lin.weight.sum(0, keepdim=True)], [torch.ones(2, WIDTH), torch.ones(1, WIDTH)], [leaf]) is None
     assert input_pass([leaf], [torch.ones(2, WIDTH)], [leaf]) is None
     assert input_pass([lin(leaf)], [torch.ones(2, WIDTH)], []) is None
+
+
+def test_auto_splits_on_the_cpu_from_a_micro_batchs_forward_flops_and_leaves_the_stage_as_it_was():
+    """``"auto"``: a stage whose forward of one micro-batch reaches ``SPLIT_MIN_FLOPS`` splits, a
+    smaller one does not, counted on a dry run that changes nothing (training flag, batch-norm
+    statistics, the random stream: dropout is off in it); on a GPU ``"auto"`` does not split,
+    ``True`` and ``False`` are what they say."""
+    width = 1024
+    stage = nn.Sequential(nn.Linear(width, width), nn.BatchNorm1d(width), nn.Dropout(0.5), nn.Linear(width, width))
+    rows_at_threshold = -(-int(split_backward.SPLIT_MIN_FLOPS) // (2 * 2 * width * width))  # two Linears
+    at, below = torch.randn(rows_at_threshold, width), torch.randn(rows_at_threshold - 2, width)
+    state = copy.deepcopy(stage.state_dict())
+    rng = torch.get_rng_state()
+    cpu = torch.device("cpu")
+    assert worth_splitting(stage, at, cpu, "auto")
+    assert not worth_splitting(stage, below, cpu, "auto")
+    assert stage.training and torch.equal(torch.get_rng_state(), rng)
+    for name, value in stage.state_dict().items():
+        assert torch.equal(value, state[name]), name
+    assert not worth_splitting(stage, torch.randn(4, width), torch.device("cuda"), "auto")
+    assert worth_splitting(stage, torch.randn(4, width), cpu, True)
+    assert not worth_splitting(stage, torch.randn(512, width), cpu, False)

@@ -14,18 +14,21 @@ What keeps the pipeline full:
   leaves: the loss's backward stops there, and the stage's backward runs micro-batch by
   micro-batch from their gradients, in the schedule's order (``m - 1`` down to ``0``);
 - every other stage runs a micro-batch's backward as soon as its gradient arrives;
-- a stage that sends gradients upstream computes them first and its weights' gradients
-  after (``split_backward``): under GPipe once all of the stage's micro-batches have sent
-  theirs, under 1F1B right after each send.
+- a stage that sends gradients upstream and is worth it (``split_backward``) computes them
+  first and its weights' gradients after: under GPipe once all of the stage's micro-batches
+  have sent theirs, under 1F1B right after each send. Under GPipe a last stage not split
+  runs one backward for all its micro-batches, and each micro-batch's gradients leave from
+  a hook on its received activations as soon as autograd has produced them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.utils.checkpoint
@@ -37,7 +40,7 @@ from lightning_epipe.strategy.compression.codec_book import CodecBook
 from lightning_epipe.strategy.engine.microbatch import Batch, flatten, input_groups, join, scatter, tensors_of, unflatten
 from lightning_epipe.strategy.planning.partition import PipelinePlan
 from lightning_epipe.strategy.engine.schedule import Task, rank_tasks, rank_tasks_1f1b, recomputes
-from lightning_epipe.strategy.engine.split_backward import WeightPass, input_pass, run_weight_passes
+from lightning_epipe.strategy.engine.split_backward import WeightPass, input_pass, run_weight_passes, worth_splitting
 from lightning_epipe.strategy.engine.stats import LinkKey, PipelineStats
 from lightning_epipe.strategy.engine.timing import ComputeTimer
 from lightning_epipe.strategy.comm.transport import Transport
@@ -105,7 +108,7 @@ class _Saved:
     leaves: list[Tensor]  # received tensors that require grad, in message order
     outputs: list[Tensor] = field(default_factory=list)  # sent tensors that require grad
     handed: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # GPipe's last stage: (output, leaf handed out)
-    recomputed: bool = False  # its activations are recomputed in backward (torch.utils.checkpoint)
+    split: bool = False  # its backward computes the input gradients first (split_backward)
 
 
 def _hand_out(y: Any, handed: list[tuple[Tensor, Tensor]]) -> Any:
@@ -147,6 +150,7 @@ class PipelineRuntime:
         nonfinite: str = "raise",
         checkpoint: str = "never",
         bottlenecks: Optional[dict[int, BottleneckPair]] = None,
+        split_backward: Union[bool, str] = "auto",
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -162,6 +166,9 @@ class PipelineRuntime:
         self.nonfinite = nonfinite  # "raise" | "skip" | "allow"
         self.nonfinite_seen = False  # this step sent NaN/Inf (nonfinite="skip")
         self.checkpoint = checkpoint  # "always" | "except_last" | "never"
+        self.split_backward = split_backward  # True | False | "auto" (split_backward.worth_splitting)
+        self._worth_splitting: dict[tuple[int, tuple], bool] = {}  # (stage, input shapes) -> the answer
+        self._split_step: dict[int, bool] = {}  # stage -> whether this step splits its backward
         self.step = 0
         self.started_ahead = False  # server: this step's forward ran before Lightning's step (server_loop.start_next_step)
         self._paused: Optional[tuple[list[Task], int, dict[int, Any]]] = None  # 1F1B: (tasks, next, outputs) to resume
@@ -283,6 +290,7 @@ class PipelineRuntime:
         self.sample_ids, self.num_samples = sample_ids, num_samples
         self.nonfinite_seen = False
         self._grouped_inputs.clear()
+        self._split_step.clear()
 
     def forward(self, microbatches: Optional[list[Batch]] = None) -> Optional[list[Any]]:
         """Run this rank's forward tasks for the current step (GPipe: backward comes later).
@@ -428,6 +436,7 @@ class PipelineRuntime:
             leaves = [t for t in tensors if t.requires_grad]
             x = unflatten(tensors, bare)
         recomputed = grad and recomputes(self.checkpoint, i, self.num_microbatches)
+        split = bool(leaves) and not recomputed and self._splits(s, x, leaves)
         with self.timer.measure(s):
             if recomputed:
                 y = torch.utils.checkpoint.checkpoint(self.stages[s], x, use_reentrant=False)
@@ -436,7 +445,7 @@ class PipelineRuntime:
         if s == self.last_stage:
             outputs[i] = y
             if grad:
-                saved = self._saved[(s, i)] = _Saved(leaves, recomputed=recomputed)
+                saved = self._saved[(s, i)] = _Saved(leaves, split=split)
                 if not self._one_f_one_b:  # the loss's backward stops at the leaves handed out
                     outputs[i] = _hand_out(y, saved.handed)
             return
@@ -444,9 +453,19 @@ class PipelineRuntime:
         self._send(Kind.ACTIVATION, self.plan.stage_ranks[s + 1], s, i, ys, bare)
         if grad:
             outs = [t for t in ys if t.requires_grad and t.is_floating_point()]
-            saved = self._saved[(s, i)] = _Saved(leaves, outs, recomputed=recomputed)
+            saved = self._saved[(s, i)] = _Saved(leaves, outs, split=split)
             if self._one_f_one_b:
                 self._prepost_gradients_of(s, i, len(saved.outputs))
+
+    def _splits(self, s: int, x: Any, leaves: list[Tensor]) -> bool:
+        """Whether stage ``s`` splits its backward this step (decided at its first micro-batch,
+        once per input shape: ``split_backward.worth_splitting``)."""
+        if s not in self._split_step:
+            key = (s, tuple((tuple(t.shape), t.dtype) for t in leaves))
+            if key not in self._worth_splitting:
+                self._worth_splitting[key] = worth_splitting(self.stages[s], x, self.transport.device, self.split_backward)
+            self._split_step[s] = self._worth_splitting[key]
+        return self._split_step[s]
 
     # ------------------------------------------------------------------ backward
 
@@ -457,6 +476,8 @@ class PipelineRuntime:
         has sent its gradients upstream."""
         if self._saved:
             self.prepost_gradients()
+            if self.last_stage in self.stage_ids and not self._split_step.get(self.last_stage, False):
+                self._backward_last_stage_whole()
             tasks = rank_tasks(self.stage_ids, self.num_microbatches, "backward")
             for k, task in enumerate(tasks):
                 self._backward_task(task.stage, task.microbatch)
@@ -464,6 +485,37 @@ class PipelineRuntime:
                     self._run_weight_passes(task.stage)
         self.timer.settle()
         self.transport.flush()
+
+    def _backward_last_stage_whole(self) -> None:
+        """GPipe, a last stage not split: one backward for all its micro-batches from the
+        gradients of the leaves it handed out; each micro-batch's input gradients leave from a
+        hook on its received activations (``register_multi_grad_hook``) as soon as autograd
+        has produced them, in the schedule's order (autograd's CPU engine runs micro-batch
+        ``m - 1`` first), and a micro-batch autograd never reached sends "no gradient" after."""
+        s = self.last_stage
+        order = [i for i in reversed(range(self.num_microbatches)) if (s, i) in self._saved]
+        saved = {i: self._saved.pop((s, i)) for i in order}
+        caught: dict[int, Optional[list[Optional[Tensor]]]] = {i: [] for i in order if not saved[i].leaves}
+        pending = list(order)
+
+        def send_in_turn(i: int, grads: Any) -> None:
+            caught[i] = list(grads)
+            while pending and pending[0] in caught:
+                mb = pending.pop(0)
+                self._send_grads(self.plan.stage_ranks[s - 1], s - 1, mb, saved[mb].leaves, caught.pop(mb))
+
+        handles = [torch.autograd.graph.register_multi_grad_hook(saved[i].leaves, functools.partial(send_in_turn, i),
+                                                                 mode="all") for i in order if saved[i].leaves]
+        pairs = [(y, leaf.grad) for i in order for y, leaf in saved[i].handed if leaf.grad is not None]
+        try:
+            if pairs:
+                with self.timer.measure(s):
+                    torch.autograd.backward([y for y, _ in pairs], [g for _, g in pairs])
+        finally:
+            for handle in handles:
+                handle.remove()
+        for mb in pending:  # their hook never fired: their leaves' .grad (None: no gradient)
+            self._send_grads(self.plan.stage_ranks[s - 1], s - 1, mb, saved[mb].leaves, caught.pop(mb, None))
 
     def _run_weight_passes(self, s: int) -> None:
         """Stage ``s``'s weight passes left by its backward tasks (``split_backward``), in one go."""
@@ -481,9 +533,9 @@ class PipelineRuntime:
     def _backward_task(self, s: int, i: int, loss: Optional[Tensor] = None) -> None:
         """Backpropagate stage ``s`` for micro-batch ``i`` (the last stage from ``loss``, if given,
         else from the gradients of the leaves it handed out) and send its input gradients
-        upstream; where they can be computed alone (``split_backward.input_pass``), before the
-        weights' gradients: those follow at once under 1F1B, after the stage's last task under
-        GPipe."""
+        upstream; where the stage splits its backward (``split_backward.input_pass``), before
+        the weights' gradients: those follow at once under 1F1B, after the stage's last task
+        under GPipe."""
         saved = self._saved.pop((s, i), None)
         if saved is None:
             return
@@ -498,7 +550,7 @@ class PipelineRuntime:
         if pairs:
             outs, grads = [o for o, _ in pairs], [g for _, g in pairs]
             with self.timer.measure(s):
-                if saved.leaves and not saved.recomputed:
+                if saved.split:
                     split = input_pass(outs, grads, saved.leaves)
                 if split is None:
                     torch.autograd.backward(outs, grads)

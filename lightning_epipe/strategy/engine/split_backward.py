@@ -22,6 +22,12 @@ other tensor that requires grad which the stage's code reached (a parameter of a
 outside the stage, a plain tensor). Their gradients accumulate into ``.grad`` through
 autograd's own accumulators, hooks included, as in one backward.
 
+The split costs Python per micro-batch (the walk, the kept gradients, a few more autograd
+calls): a fraction of a millisecond, which the weights' work it moves off the path to the
+stage before must outweigh. :func:`worth_splitting` says where it does: a stage whose forward
+of one micro-batch takes at least :data:`SPLIT_MIN_FLOPS` (counted once per stage and input
+shape, ``torch.utils.flop_counter``), on the CPU, the one device it was measured on.
+
 Where the split cannot be taken, :func:`input_pass` returns ``None`` and the caller runs one
 backward: an output without a graph, no input in the graph, or a reentrant checkpoint
 (``torch.utils.checkpoint(use_reentrant=True)`` inside a layer: its node backpropagates its
@@ -32,13 +38,20 @@ that no input reaches.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge
+from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["WeightPass", "input_pass", "run_weight_passes"]
+__all__ = ["WeightPass", "input_pass", "run_weight_passes", "worth_splitting", "SPLIT_MIN_FLOPS"]
+
+#: ``split_backward="auto"``: the least forward work of one micro-batch through a stage, in
+#: FLOPs, at which its backward is split on the CPU (``benchmarks/README.md``, section 0: at
+#: width 128 every split step was slower, at width 512 with 4 micro-batches, 100 MFLOPs a
+#: micro-batch on the client's stage, faster). Elsewhere ``"auto"`` does not split.
+SPLIT_MIN_FLOPS = 64e6
 
 #: Nodes whose backward calls autograd itself (``torch.autograd.grad`` raises inside them).
 _REENTRANT = frozenset({"CheckpointFunctionBackward"})
@@ -203,3 +216,21 @@ def _groups(intermediates: list[Any], weights_under: dict[Any, list[Any]],
                     group.roots.append(GradientEdge(node, k))
                     group.grads.append(g)
     return {key: g for key, g in groups.items() if g.roots}
+
+
+def worth_splitting(stage: nn.Module, x: Any, device: torch.device, setting: Union[bool, str]) -> bool:
+    """Whether ``stage``'s backward on input ``x`` (one micro-batch) is split: ``setting``
+    ``True``/``False``, or ``"auto"``: on the CPU where its forward takes at least
+    :data:`SPLIT_MIN_FLOPS` (counted on a dry run: no grad, eval mode, so no state changes)."""
+    if setting != "auto":
+        return bool(setting)
+    if device.type != "cpu":
+        return False
+    was_training = stage.training
+    stage.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            stage(x)
+    finally:
+        stage.train(was_training)
+    return counter.get_total_flops() >= SPLIT_MIN_FLOPS
