@@ -171,7 +171,7 @@ def rank_zero_result(trainer, model) -> dict:
             "callback_metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
             "stats": link_stats(trainer), "auto": strategy.auto_choices,
             "auto_history": [{"step": step, "link": f"{c.direction}/cut{c.cut}", "codec": c.label,
-                              "bandwidth": c.bandwidth, "reason": c.reason} for step, c in strategy.auto_history]}
+                              "bandwidth": c.bandwidth, "reason": c.reason, "error": c.error} for step, c in strategy.auto_history]}
 
 
 def link_stats(trainer) -> dict:

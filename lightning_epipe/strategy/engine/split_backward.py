@@ -48,9 +48,12 @@ from torch.utils.flop_counter import FlopCounterMode
 __all__ = ["WeightPass", "input_pass", "run_weight_passes", "worth_splitting", "SPLIT_MIN_FLOPS"]
 
 #: ``split_backward="auto"``: the least forward work of one micro-batch through a stage, in
-#: FLOPs, at which its backward is split on the CPU (``benchmarks/README.md``, section 0: at
-#: width 128 every split step was slower, at width 512 with 4 micro-batches, 100 MFLOPs a
-#: micro-batch on the client's stage, faster). Elsewhere ``"auto"`` does not split.
+#: FLOPs, at which its backward is split on the CPU. With every stage split
+#: (``benchmarks/results/engine_baseline_split.json``), the client's stage of 3 and 25 MFLOPs
+#: a micro-batch (width 128, 8 and 1 micro-batches) ran at 0.53x and 0.90x of the engine
+#: before, of 50 MFLOPs (width 512, 8 micro-batches, 1F1B) at 0.93x, of 100 MFLOPs and more
+#: (width 512, 4 and 1 micro-batches; 2048; 1024 with 3 processes) at 1.07x-1.25x. Elsewhere
+#: than on the CPU ``"auto"`` does not split.
 SPLIT_MIN_FLOPS = 64e6
 
 #: Nodes whose backward calls autograd itself (``torch.autograd.grad`` raises inside them).
