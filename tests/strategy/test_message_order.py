@@ -194,3 +194,13 @@ def test_input_gradients_leave_before_the_weights_gradients(placement, size, sch
         else:
             step = [e for mb in range(chunks) for e in (("send", mb), ("weights", 1))]
         assert order == step * steps, f"stage {s}: {order}"
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("placement", "size"), [("chain", 2), ("client-server", 3)])
+def test_split_steps_with_recomputed_micro_batches(placement, size, schedule):
+    """With recomputation of all micro-batches but the last, a split step backpropagates the
+    recomputed ones whole and the last one in two passes, in the schedule's order."""
+    trained, _, plan, batches = run_threaded(placement, size, schedule, 4, rule="gloo", split_backward=True,
+                                             checkpoint="except_last")
+    _check_weights(trained, plan, batches, 1)

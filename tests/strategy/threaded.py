@@ -129,11 +129,12 @@ def _server(runtime: PipelineRuntime, stages: nn.Module, steps: int, open_ends: 
 def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas: int = 1, rule: str = "nccl",
                  shared_streams: bool = False, steps: int = 2, rows: int = 16, timeout: float = 20.0,
                  make: Callable[[], nn.Sequential] = make_layers, balance: Optional[list[int]] = None,
-                 ahead: bool = False, split_backward: bool = False):
+                 ahead: bool = False, split_backward: bool = False, checkpoint: str = "never"):
     """Train ``steps`` SGD steps on ``replicas`` pipelines of ``size`` ranks (each replica on the
     same batches) of the layers ``make()`` builds, split by ``balance`` (default: by parameters);
     ``ahead``: servers start every step but the first ahead (``server_loop.start_next_step``);
     ``split_backward``: every stage that sends gradients computes them before its weights';
+    ``checkpoint``: the activation recomputation policy;
     returns ``(weights, fabric, plan, batches)``: every stage's trained Sequential per global rank;
     ``fabric.open_ends[rank]`` holds the rank's sends still unflushed after each step."""
     layout = ReplicaLayout(size * replicas, replicas)
@@ -154,7 +155,7 @@ def run_threaded(placement: str, size: int, schedule: str, chunks: int, replicas
                                   control_group="control", backend=fabric.backend(rank),
                                   commands=fabric.commands(rank, timedelta(seconds=timeout)))
             codecs = CodecBook(resolve_specs("none", {}, plan.num_cuts, "a"), resolve_specs("none", {}, plan.num_cuts, "g"))
-            runtime = PipelineRuntime(plan, prank, layers, transport, codecs, PipelineStats(),
+            runtime = PipelineRuntime(plan, prank, layers, transport, codecs, PipelineStats(), checkpoint=checkpoint,
                                       split_backward=split_backward)
             stages = nn.ModuleList(runtime.stages.values())
             if prank == 0:

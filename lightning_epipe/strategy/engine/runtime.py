@@ -10,20 +10,20 @@ What keeps the pipeline full:
 
 - the receive of every stream's next message is posted before the current one is
   computed on (``Transport.prepost``), and sends are never waited inside the loop;
-- under GPipe the last stage's loss is taken on the whole batch, from outputs handed out as
-  leaves: the loss's backward stops there, and the stage's backward runs micro-batch by
-  micro-batch from their gradients, in the schedule's order (``m - 1`` down to ``0``);
+- under GPipe the last stage's loss is taken on the whole batch, but the gradient of each
+  micro-batch leaves for the stage before as soon as it exists: a hook on the micro-batch's
+  received activations (``torch.autograd.graph.register_multi_grad_hook``) sends it from
+  inside the loss's backward, in the schedule's order (``m - 1`` down to ``0``);
 - every other stage runs a micro-batch's backward as soon as its gradient arrives;
 - a stage that sends gradients upstream and is worth it (``split_backward``) computes them
   first and its weights' gradients after: under GPipe once all of the stage's micro-batches
-  have sent theirs, under 1F1B right after each send. Under GPipe a last stage not split
-  runs one backward for all its micro-batches, and each micro-batch's gradients leave from
-  a hook on its received activations as soon as autograd has produced them.
+  have sent theirs, under 1F1B right after each send. Such a last stage under GPipe hands
+  its outputs out as leaves, where the loss's backward stops, and runs micro-batch by
+  micro-batch from their gradients.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import warnings
@@ -180,7 +180,10 @@ class PipelineRuntime:
         self._saved: dict[tuple[int, int], _Saved] = {}
         self._tensors_per_microbatch: dict[tuple[int, int], int] = {}  # (kind, peer) -> as in its last message
         self._one_f_one_b = False  # the current step runs as 1F1B (backward order ascending)
-        self._weight_passes: dict[int, list[WeightPass]] = {}  # GPipe: stage -> its weights' passes still to run
+        self._weight_passes: dict[int, list[WeightPass]] = {}  # stage -> its weight passes still to run
+        self._hooked: dict[int, list[Optional[Tensor]]] = {}  # GPipe: last-stage input gradients autograd produced
+        self._hook_handles: list[Any] = []
+        self._next_hooked = -1  # GPipe: the next micro-batch whose last-stage gradients go upstream
         self._input_layout_sent: Optional[dict] = None  # chain placement: the raw inputs' structure, as last sent
         self._input_layout: Optional[dict] = None  # ... and as last received
         self.input_group_bytes = INPUT_GROUP_BYTES
@@ -214,9 +217,9 @@ class PipelineRuntime:
 
     @property
     def open_ends(self) -> tuple[int, int]:
-        """(autograd states: micro-batches not backpropagated and weight passes not run, sends)
-        the current step still holds; both 0 once it has closed."""
-        pending = len(self._saved) + sum(len(passes) for passes in self._weight_passes.values())
+        """(autograd states: micro-batches not backpropagated, hooks, weight passes not run;
+        sends) the current step still holds; both 0 once it has closed."""
+        pending = len(self._saved) + len(self._hook_handles) + sum(len(p) for p in self._weight_passes.values())
         return pending, self.transport.sends_in_flight
 
     # ------------------------------------------------------------------ control (client -> servers)
@@ -307,6 +310,8 @@ class PipelineRuntime:
         outputs: dict[int, Any] = {}
         for task in rank_tasks(self.stage_ids, self.num_microbatches, "forward"):
             self._forward_task(task.stage, task.microbatch, microbatches, grad, outputs)
+        if grad:
+            self._next_hooked = self.num_microbatches - 1
         self.timer.settle()
         self.transport.flush()
         return self._outputs(outputs)
@@ -436,7 +441,8 @@ class PipelineRuntime:
             leaves = [t for t in tensors if t.requires_grad]
             x = unflatten(tensors, bare)
         recomputed = grad and recomputes(self.checkpoint, i, self.num_microbatches)
-        split = bool(leaves) and not recomputed and self._splits(s, x, leaves)
+        step_splits = bool(leaves) and self._splits(s, x, leaves)
+        split = step_splits and not recomputed  # a recomputed micro-batch's backward runs whole
         with self.timer.measure(s):
             if recomputed:
                 y = torch.utils.checkpoint.checkpoint(self.stages[s], x, use_reentrant=False)
@@ -446,8 +452,13 @@ class PipelineRuntime:
             outputs[i] = y
             if grad:
                 saved = self._saved[(s, i)] = _Saved(leaves, split=split)
-                if not self._one_f_one_b:  # the loss's backward stops at the leaves handed out
+                if self._one_f_one_b:
+                    pass
+                elif step_splits:  # the loss's backward stops at the leaves handed out
                     outputs[i] = _hand_out(y, saved.handed)
+                elif leaves:  # the loss's backward runs the stage: the gradients leave from a hook
+                    self._hook_handles.append(torch.autograd.graph.register_multi_grad_hook(
+                        leaves, lambda grads, i=i: self._on_last_stage_grads(i, grads), mode="all"))
             return
         ys, bare = flatten(y)
         self._send(Kind.ACTIVATION, self.plan.stage_ranks[s + 1], s, i, ys, bare)
@@ -470,52 +481,20 @@ class PipelineRuntime:
     # ------------------------------------------------------------------ backward
 
     def backward(self) -> None:
-        """Run this rank's backward tasks (the client after ``loss.backward()``, which left the
-        gradients of the last stage's outputs in the leaves handed out; under 1F1B only the
-        step's sends remain to be closed). Each stage's weight passes run once its last task
-        has sent its gradients upstream."""
+        """Run this rank's backward tasks; the client calls it after ``loss.backward()``, whose
+        hooks may already have sent every gradient of the last stage, or which left them in
+        the leaves that stage handed out (split); under 1F1B only the step's sends remain to
+        be closed. Each stage's weight passes run once its last task has sent its gradients."""
         if self._saved:
             self.prepost_gradients()
-            if self.last_stage in self.stage_ids and not self._split_step.get(self.last_stage, False):
-                self._backward_last_stage_whole()
             tasks = rank_tasks(self.stage_ids, self.num_microbatches, "backward")
             for k, task in enumerate(tasks):
                 self._backward_task(task.stage, task.microbatch)
                 if k + 1 == len(tasks) or tasks[k + 1].stage != task.stage:
                     self._run_weight_passes(task.stage)
+        self._remove_hooks()
         self.timer.settle()
         self.transport.flush()
-
-    def _backward_last_stage_whole(self) -> None:
-        """GPipe, a last stage not split: one backward for all its micro-batches from the
-        gradients of the leaves it handed out; each micro-batch's input gradients leave from a
-        hook on its received activations (``register_multi_grad_hook``) as soon as autograd
-        has produced them, in the schedule's order (autograd's CPU engine runs micro-batch
-        ``m - 1`` first), and a micro-batch autograd never reached sends "no gradient" after."""
-        s = self.last_stage
-        order = [i for i in reversed(range(self.num_microbatches)) if (s, i) in self._saved]
-        saved = {i: self._saved.pop((s, i)) for i in order}
-        caught: dict[int, Optional[list[Optional[Tensor]]]] = {i: [] for i in order if not saved[i].leaves}
-        pending = list(order)
-
-        def send_in_turn(i: int, grads: Any) -> None:
-            caught[i] = list(grads)
-            while pending and pending[0] in caught:
-                mb = pending.pop(0)
-                self._send_grads(self.plan.stage_ranks[s - 1], s - 1, mb, saved[mb].leaves, caught.pop(mb))
-
-        handles = [torch.autograd.graph.register_multi_grad_hook(saved[i].leaves, functools.partial(send_in_turn, i),
-                                                                 mode="all") for i in order if saved[i].leaves]
-        pairs = [(y, leaf.grad) for i in order for y, leaf in saved[i].handed if leaf.grad is not None]
-        try:
-            if pairs:
-                with self.timer.measure(s):
-                    torch.autograd.backward([y for y, _ in pairs], [g for _, g in pairs])
-        finally:
-            for handle in handles:
-                handle.remove()
-        for mb in pending:  # their hook never fired: their leaves' .grad (None: no gradient)
-            self._send_grads(self.plan.stage_ranks[s - 1], s - 1, mb, saved[mb].leaves, caught.pop(mb, None))
 
     def _run_weight_passes(self, s: int) -> None:
         """Stage ``s``'s weight passes left by its backward tasks (``split_backward``), in one go."""
@@ -530,12 +509,32 @@ class PipelineRuntime:
         if self._saved and not self._one_f_one_b:
             self._prepost_phase(Kind.GRADIENT, range(self.num_microbatches - 1, -1, -1))
 
+    def _on_last_stage_grads(self, i: int, grads: Any) -> None:
+        """Autograd hook (GPipe): micro-batch ``i``'s gradients w.r.t. the last stage's received
+        activations exist; send every micro-batch whose turn has come, in the schedule's order."""
+        self._hooked[i] = list(grads)
+        while self._next_hooked in self._hooked:
+            mb = self._next_hooked
+            saved = self._saved.pop((self.last_stage, mb), None)
+            if saved is not None:
+                self._send_grads(self.plan.stage_ranks[self.last_stage - 1], self.last_stage - 1, mb, saved.leaves,
+                                 self._hooked[mb])
+            del self._hooked[mb]
+            self._next_hooked -= 1
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles.clear()
+        self._hooked.clear()
+
     def _backward_task(self, s: int, i: int, loss: Optional[Tensor] = None) -> None:
         """Backpropagate stage ``s`` for micro-batch ``i`` (the last stage from ``loss``, if given,
-        else from the gradients of the leaves it handed out) and send its input gradients
-        upstream; where the stage splits its backward (``split_backward.input_pass``), before
-        the weights' gradients: those follow at once under 1F1B, after the stage's last task
-        under GPipe."""
+        else from the gradients of the leaves it handed out, or, where hooks caught them inside
+        the loss's backward, from nothing: only what they have not sent) and send its input
+        gradients upstream; where the stage splits its backward (``split_backward.input_pass``),
+        before the weights' gradients: those follow at once under 1F1B, after the stage's last
+        task under GPipe."""
         saved = self._saved.pop((s, i), None)
         if saved is None:
             return
@@ -556,6 +555,10 @@ class PipelineRuntime:
                     torch.autograd.backward(outs, grads)
         if s == 0:
             return
+        if s == self.last_stage and loss is None and not saved.handed:  # hooks: those they caught, or none
+            self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves, self._hooked.pop(i, None))
+            self._next_hooked = i - 1
+            return
         self._send_grads(self.plan.stage_ranks[s - 1], s - 1, i, saved.leaves, None if split is None else split[0])
         if split is not None:
             self._weight_passes.setdefault(s, []).append(split[1])
@@ -567,6 +570,7 @@ class PipelineRuntime:
         self._saved.clear()
         self._paused = None
         self._weight_passes.clear()
+        self._remove_hooks()
 
     # ------------------------------------------------------------------ messages
 

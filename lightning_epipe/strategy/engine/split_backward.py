@@ -74,11 +74,10 @@ class _Group:
 @dataclass
 class WeightPass:
     """What :func:`input_pass` left for the weights (:func:`run_weight_passes`): per group of
-    weights, the intermediates' gradients to start from. ``keep``: the outputs whose graph
-    it runs on."""
+    weights (keyed by their ids), the intermediates' gradients to start from. Its edges hold
+    the graph below the intermediates alive until it has run."""
 
     groups: dict[frozenset[int], _Group]
-    keep: list[Any] = field(default_factory=list)
 
 
 def input_pass(outputs: Sequence[Tensor], grads: Sequence[Optional[Tensor]],
@@ -104,7 +103,7 @@ def input_pass(outputs: Sequence[Tensor], grads: Sequence[Optional[Tensor]],
     finally:
         for handle in handles:
             handle.remove()
-    return list(input_grads), WeightPass(_groups(intermediates, weights_under, kept), [list(outputs)])
+    return list(input_grads), WeightPass(_groups(intermediates, weights_under, kept))
 
 
 def run_weight_passes(passes: Sequence[WeightPass]) -> None:
