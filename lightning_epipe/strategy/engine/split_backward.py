@@ -29,10 +29,10 @@ of one micro-batch takes at least :data:`SPLIT_MIN_FLOPS` (counted once per stag
 shape, ``torch.utils.flop_counter``), on the CPU, the one device it was measured on.
 
 Where the split cannot be taken, :func:`input_pass` returns ``None`` and the caller runs one
-backward: an output without a graph, no input in the graph, or a reentrant checkpoint
-(``torch.utils.checkpoint(use_reentrant=True)`` inside a layer: its node backpropagates its
-own segment with ``torch.autograd.backward``, which ``torch.autograd.grad`` refuses), or an output
-that no input reaches.
+backward: no inputs, an output without a graph, an output that no input reaches, or a
+reentrant checkpoint inside a layer (``torch.utils.checkpoint(use_reentrant=True)``: its node
+backpropagates its own segment with ``torch.autograd.backward``, which ``torch.autograd.grad``
+refuses).
 """
 
 from __future__ import annotations
