@@ -42,6 +42,7 @@ TRACED: list[tuple[str, str, str]] = [
     ("lightning_epipe.strategy.engine.rank_steps", "RankSteps.backward", "strategy backward (last stage's autograd)"),
     ("lightning_epipe.strategy.engine.runtime", "PipelineRuntime._forward_task", "forward compute"),
     ("lightning_epipe.strategy.engine.runtime", "PipelineRuntime._backward_task", "backward compute"),
+    ("lightning_epipe.strategy.engine.runtime", "PipelineRuntime._on_last_stage_grads", "gradient hook"),
     ("lightning_epipe.strategy.engine.runtime", "PipelineRuntime._run_weight_passes", "weight gradients (deferred)"),
     ("lightning_epipe.strategy.engine.runtime", "PipelineRuntime.command", "command (client)"),
     ("lightning_epipe.strategy.engine.runtime", "PipelineRuntime.next_command", "command (server)"),
