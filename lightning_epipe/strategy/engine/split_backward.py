@@ -65,8 +65,6 @@ class _Group:
     """Weights and the intermediates whose kept gradients reach them (one autograd call)."""
 
     weights: list[Tensor]
-    roots: list[GradientEdge] = field(default_factory=list)
-    grads: list[Tensor] = field(default_factory=list)
     kept: list[tuple[Any, tuple[Optional[Tensor], ...]]] = field(default_factory=list)  # (node, its gradients)
     clamp: bool = False  # two of one micro-batch's intermediates reach a common weight
 
@@ -114,18 +112,17 @@ def run_weight_passes(passes: Sequence[WeightPass]) -> None:
         for key, group in wp.groups.items():
             into = merged.get(key)
             if into is None:
-                merged[key] = _Group(list(group.weights), list(group.roots), list(group.grads), list(group.kept), group.clamp)
+                merged[key] = _Group(list(group.weights), list(group.kept), group.clamp)
             else:
-                into.roots += group.roots
-                into.grads += group.grads
                 into.kept += group.kept
                 into.clamp = into.clamp or group.clamp
     for group in merged.values():
         # a group started from two intermediates on one path (a weight used twice) would carry
         # the first one's gradient down to the second: each intermediate gets exactly its own
         clamps = [node.register_prehook(lambda _, g=g: g) for node, g in group.kept] if group.clamp else []
+        edges = [(GradientEdge(node, k), g) for node, got in group.kept for k, g in enumerate(got) if g is not None]
         try:
-            torch.autograd.backward(group.roots, group.grads, retain_graph=True, inputs=group.weights)
+            torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], retain_graph=True, inputs=group.weights)
         finally:
             for handle in clamps:
                 handle.remove()
@@ -212,12 +209,9 @@ def _groups(intermediates: list[Any], weights_under: dict[Any, list[Any]],
             got = kept.get(node)
             if got is None:
                 continue  # no gradient reached it: its weights get nothing through it
-            group.kept.append((node, got))
-            for k, g in enumerate(got):
-                if g is not None:
-                    group.roots.append(GradientEdge(node, k))
-                    group.grads.append(g)
-    return {key: g for key, g in groups.items() if g.roots}
+            if any(g is not None for g in got):
+                group.kept.append((node, got))
+    return {key: g for key, g in groups.items() if g.kept}
 
 
 def worth_splitting(stage: nn.Module, x: Any, device: torch.device, setting: Union[bool, str]) -> bool:
