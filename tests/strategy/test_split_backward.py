@@ -213,8 +213,8 @@ def test_where_the_backward_cannot_be_split_the_caller_runs_it_whole():
 def test_auto_splits_on_the_cpu_from_a_micro_batchs_forward_flops_and_leaves_the_stage_as_it_was():
     """``"auto"``: a stage whose forward of one micro-batch reaches ``SPLIT_MIN_FLOPS`` splits, a
     smaller one does not, counted on a dry run that changes nothing (training flag, batch-norm
-    statistics, the random stream: dropout is off in it); on a GPU ``"auto"`` does not split,
-    ``True`` and ``False`` are what they say."""
+    statistics, the random stream: dropout is off in it); on a GPU and under 1F1B ``"auto"``
+    does not split, ``True`` and ``False`` are what they say."""
     width = 1024
     stage = nn.Sequential(nn.Linear(width, width), nn.BatchNorm1d(width), nn.Dropout(0.5), nn.Linear(width, width))
     rows_at_threshold = -(-int(split_backward.SPLIT_MIN_FLOPS) // (2 * 2 * width * width))  # two Linears
@@ -228,5 +228,7 @@ def test_auto_splits_on_the_cpu_from_a_micro_batchs_forward_flops_and_leaves_the
     for name, value in stage.state_dict().items():
         assert torch.equal(value, state[name]), name
     assert not worth_splitting(stage, torch.randn(4, width), torch.device("cuda"), "auto")
+    assert not worth_splitting(stage, at, cpu, "auto", one_f_one_b=True)
+    assert worth_splitting(stage, torch.randn(4, width), cpu, True, one_f_one_b=True)
     assert worth_splitting(stage, torch.randn(4, width), cpu, True)
     assert not worth_splitting(stage, torch.randn(512, width), cpu, False)

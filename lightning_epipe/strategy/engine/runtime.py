@@ -167,7 +167,7 @@ class PipelineRuntime:
         self.nonfinite_seen = False  # this step sent NaN/Inf (nonfinite="skip")
         self.checkpoint = checkpoint  # "always" | "except_last" | "never"
         self.split_backward = split_backward  # True | False | "auto" (split_backward.worth_splitting)
-        self._worth_splitting: dict[tuple[int, tuple], bool] = {}  # (stage, input shapes) -> the answer
+        self._worth_splitting: dict[tuple[int, bool, tuple], bool] = {}  # (stage, 1F1B, input shapes) -> the answer
         self._split_step: dict[int, bool] = {}  # stage -> whether this step splits its backward
         self.step = 0
         self.started_ahead = False  # server: this step's forward ran before Lightning's step (server_loop.start_next_step)
@@ -472,9 +472,10 @@ class PipelineRuntime:
         """Whether stage ``s`` splits its backward this step (decided at its first micro-batch,
         once per input shape: ``split_backward.worth_splitting``)."""
         if s not in self._split_step:
-            key = (s, tuple((tuple(t.shape), t.dtype) for t in leaves))
+            key = (s, self._one_f_one_b, tuple((tuple(t.shape), t.dtype) for t in leaves))
             if key not in self._worth_splitting:
-                self._worth_splitting[key] = worth_splitting(self.stages[s], x, self.transport.device, self.split_backward)
+                self._worth_splitting[key] = worth_splitting(self.stages[s], x, self.transport.device, self.split_backward,
+                                                             self._one_f_one_b)
             self._split_step[s] = self._worth_splitting[key]
         return self._split_step[s]
 

@@ -214,13 +214,16 @@ def _groups(intermediates: list[Any], weights_under: dict[Any, list[Any]],
     return {key: g for key, g in groups.items() if g.kept}
 
 
-def worth_splitting(stage: nn.Module, x: Any, device: torch.device, setting: Union[bool, str]) -> bool:
+def worth_splitting(stage: nn.Module, x: Any, device: torch.device, setting: Union[bool, str],
+                    one_f_one_b: bool = False) -> bool:
     """Whether ``stage``'s backward on input ``x`` (one micro-batch) is split: ``setting``
-    ``True``/``False``, or ``"auto"``: on the CPU where its forward takes at least
-    :data:`SPLIT_MIN_FLOPS` (counted on a dry run: no grad, eval mode, so no state changes)."""
+    ``True``/``False``, or ``"auto"``: under GPipe on the CPU where its forward takes at least
+    :data:`SPLIT_MIN_FLOPS` (counted on a dry run: no grad, eval mode, so no state changes);
+    never under 1F1B (``one_f_one_b``), where each weight pass runs alone right after its
+    micro-batch's input pass and costs more than the drain it shortens."""
     if setting != "auto":
         return bool(setting)
-    if device.type != "cpu":
+    if device.type != "cpu" or one_f_one_b:
         return False
     was_training = stage.training
     stage.eval()
