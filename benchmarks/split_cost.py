@@ -6,12 +6,12 @@ micro-batch, in one process and one torch thread, three ways taking turns:
 
 - ``whole``: one ``torch.autograd.backward`` per micro-batch (the engine unsplit);
 - ``each``: ``input_pass`` then that micro-batch's weight pass at once (1F1B's order);
-- ``together``: every micro-batch's ``input_pass``, then one ``run_weight_passes`` for all of
-  them (GPipe's order).
+- ``after``: every micro-batch's ``input_pass``, then ``run_weight_passes`` for all of them
+  (GPipe's order).
 
 Timed: the backward loop alone, the median over ``--steps`` steps after two of warm-up, in
 ``--rounds`` processes; reported per cell: the milliseconds a step's backward takes each way
-and ``each`` and ``together`` over ``whole`` (median and min-max over the processes). This is
+and ``each`` and ``after`` over ``whole`` (median and min-max over the processes). This is
 the split's work, not its effect on a pipeline: where a rank has cores to itself the split
 moves the weights' work off the path to the stage before; where ranks share cores (K = 3 on
 2), a stage's idle time is another's compute, and what counts is the work.
@@ -38,7 +38,7 @@ from benchmarks.common import axes, finish, load_average, markdown_table, this_t
 
 #: (width, rows per micro-batch, micro-batches): batch 256 in 8 and in 4
 CELLS = [(512, 32, 8), (1024, 32, 8), (1024, 64, 4), (2048, 32, 8)]
-MODES = ("whole", "each", "together")
+MODES = ("whole", "each", "after")
 BLOCKS = 3
 
 
@@ -103,8 +103,8 @@ def main() -> None:
             for _ in range(args.rounds)]
     results["load_after"] = load_average()
 
-    header = ["stage (3 blocks)", "micro-batches", "whole ms", "each ms", "together ms", "each / whole", "spread",
-              "together / whole", "spread"]
+    header = ["stage (3 blocks)", "micro-batches", "whole ms", "each ms", "after ms", "each / whole", "spread",
+              "after / whole", "spread"]
     rows, ratios = [], {}
     for key, samples in results["runs"].items():
         width, shape = key.split(":")
@@ -124,7 +124,7 @@ def main() -> None:
     keys = list(results["runs"])
     for offset, mode in enumerate(MODES[1:]):
         ax.barh([i + 0.4 * offset for i in range(len(keys))], ratios[mode], height=0.4,
-                label={"each": "each weight pass at once (1F1B)", "together": "weight passes together (GPipe)"}[mode])
+                label={"each": "each weight pass at once (1F1B)", "after": "the weight passes after (GPipe)"}[mode])
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks([i + 0.2 for i in range(len(keys))], keys, fontsize=8)
     finish(fig, ax, str(Path(args.out).with_suffix(".png")), "a step's backward split / whole (median over processes)",

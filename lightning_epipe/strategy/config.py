@@ -83,9 +83,10 @@ ARGUMENTS = """\
             have sent theirs; :mod:`~lightning_epipe.strategy.engine.split_backward`), so the
             stage before starts its backward that much sooner. ``"auto"`` (default) splits a
             stage whose forward of one micro-batch takes at least ``SPLIT_MIN_FLOPS`` on the
-            CPU (below it the split's per-micro-batch Python costs more than it moves); ``True``
-            splits every stage that can be (GPUs included, where ``"auto"`` does not: it has not
-            been measured there), ``False`` none.
+            CPU under GPipe (below it the split's per-micro-batch Python costs more than it
+            moves; under 1F1B, which starts every backward at once already, its extra work costs
+            more than the drain it shortens); ``True`` splits every stage that can be (1F1B and
+            GPUs included, where ``"auto"`` does not: not measured on GPUs), ``False`` none.
         timeout: bound on every wait for a peer (and the process group's collectives).
         start_method: ``"popen"`` (re-run the script per rank), ``"spawn"``, ``"fork"`` or ``"forkserver"``.
         process_group_backend: ``"gloo"`` or ``"nccl"`` (default: gloo on CPU, NCCL on CUDA).
