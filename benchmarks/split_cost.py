@@ -7,11 +7,16 @@ micro-batch, in one process and one torch thread, three ways taking turns:
 - ``whole``: one ``torch.autograd.backward`` per micro-batch (the engine unsplit);
 - ``each``: ``input_pass`` then that micro-batch's weight pass at once (1F1B's order);
 - ``after``: every micro-batch's ``input_pass``, then ``run_weight_passes`` for all of them
-  (GPipe's order).
+  (GPipe's order: a call per micro-batch and group of weights);
+- ``one call``: the same, but one autograd call per group of weights for all micro-batches
+  (the engine's weight pass at 31d5b6f: autograd sums the micro-batches' gradients of each
+  weight before it accumulates them).
 
-Timed: the backward loop alone, the median over ``--steps`` steps after two of warm-up, in
-``--rounds`` processes; reported per cell: the milliseconds a step's backward takes each way
-and ``each`` and ``after`` over ``whole`` (median and min-max over the processes). This is
+Timed: the backward loop alone, the median over ``--steps`` steps after two of warm-up, the
+ways in a fresh random order every step (one fixed order favoured some over others by up to
+10% here: each leaves the allocator and the caches to the next), in ``--rounds`` processes;
+reported per cell: the milliseconds a step's backward takes each way and each split way over
+``whole`` (median and min-max over the processes). This is
 the split's work, not its effect on a pipeline: where a rank has cores to itself the split
 moves the weights' work off the path to the stage before; where ranks share cores (K = 3 on
 2), a stage's idle time is another's compute, and what counts is the work.
@@ -38,14 +43,17 @@ from benchmarks.common import axes, finish, load_average, markdown_table, this_t
 
 #: (width, rows per micro-batch, micro-batches): batch 256 in 8 and in 4
 CELLS = [(512, 32, 8), (1024, 32, 8), (1024, 64, 4), (2048, 32, 8)]
-MODES = ("whole", "each", "after")
+MODES = ("whole", "each", "after", "one call")
 BLOCKS = 3
 
 
 def measure(width: int, rows: int, m: int, steps: int) -> dict:
     """Median milliseconds of a step's backward, per mode, the modes taking turns step by step."""
+    import random
+
     import torch
     from torch import nn
+    from torch.autograd.graph import GradientEdge
 
     from lightning_epipe.strategy.engine.split_backward import input_pass, run_weight_passes
 
@@ -69,13 +77,20 @@ def measure(width: int, rows: int, m: int, steps: int) -> dict:
             if mode == "each":
                 run_weight_passes(passes)
                 passes = []
-        if passes:
+        if mode == "after":
             run_weight_passes(passes)
+        elif mode == "one call":
+            for k, group in enumerate(passes[0].groups):
+                edges = [(GradientEdge(node, j), g) for wp in passes for node, got in wp.groups[k].kept
+                         for j, g in enumerate(got) if g is not None]
+                torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], inputs=group.weights)
         return time.perf_counter() - start
 
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
+    order, shuffle = list(MODES), random.Random(0).shuffle
     for step in range(steps + 2):
-        for mode in MODES:
+        shuffle(order)
+        for mode in order:
             seconds = backward(mode)
             if step >= 2:
                 times[mode].append(seconds)
@@ -103,8 +118,8 @@ def main() -> None:
             for _ in range(args.rounds)]
     results["load_after"] = load_average()
 
-    header = ["stage (3 blocks)", "micro-batches", "whole ms", "each ms", "after ms", "each / whole", "spread",
-              "after / whole", "spread"]
+    header = ["stage (3 blocks)", "micro-batches"] + [f"{mode} ms" for mode in MODES]
+    header += [text for mode in MODES[1:] for text in (f"{mode} / whole", "spread")]
     rows, ratios = [], {}
     for key, samples in results["runs"].items():
         width, shape = key.split(":")
@@ -123,10 +138,11 @@ def main() -> None:
     fig, ax = axes()
     keys = list(results["runs"])
     for offset, mode in enumerate(MODES[1:]):
-        ax.barh([i + 0.4 * offset for i in range(len(keys))], ratios[mode], height=0.4,
-                label={"each": "each weight pass at once (1F1B)", "after": "the weight passes after (GPipe)"}[mode])
+        ax.barh([i + 0.27 * offset for i in range(len(keys))], ratios[mode], height=0.27,
+                label={"each": "each weight pass at once (1F1B)", "after": "the weight passes after (GPipe)",
+                       "one call": "the weight passes after, in one call"}[mode])
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks([i + 0.2 for i in range(len(keys))], keys, fontsize=8)
+    ax.set_yticks([i + 0.27 for i in range(len(keys))], keys, fontsize=8)
     finish(fig, ax, str(Path(args.out).with_suffix(".png")), "a step's backward split / whole (median over processes)",
            "width:rows x micro-batches", "The split backward's CPU work")
 
