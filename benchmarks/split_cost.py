@@ -2,17 +2,19 @@
 
 One stage of the engine grid's model (3 blocks of ``Linear(w, w) + ReLU``, the first stage of
 the K = 3 split) runs a step's ``m`` micro-batches forward, then backward from a gradient per
-micro-batch, in one process and one torch thread, three ways taking turns:
+micro-batch, in one process and one torch thread, four ways taking turns:
 
 - ``whole``: one ``torch.autograd.backward`` per micro-batch (the engine unsplit);
 - ``each``: ``input_pass`` then that micro-batch's weight pass at once (1F1B's order);
 - ``after``: every micro-batch's ``input_pass``, then ``run_weight_passes`` for all of them
-  (GPipe's order: a call per micro-batch and group of weights);
-- ``one call``: the same, but one autograd call per group of weights for all micro-batches
-  (the engine's weight pass at 31d5b6f: autograd sums the micro-batches' gradients of each
-  weight before it accumulates them).
+  (GPipe's order: one autograd call per group of weights for all micro-batches, where autograd
+  sums each weight's gradients before it accumulates them);
+- ``call by call``: the same, with one ``run_weight_passes`` per micro-batch (an autograd call
+  per micro-batch and group of weights, each accumulating into ``.grad``: the engine's at
+  12064cb).
 
-Timed: the backward loop alone, the median over ``--steps`` steps after two of warm-up, the
+Every step starts without gradients (``zero_grad(set_to_none=True)``, as training's do). Timed:
+the backward loop alone, the median over ``--steps`` steps after two of warm-up, the
 ways in a fresh random order every step (one fixed order favoured some over others by up to
 10% here: each leaves the allocator and the caches to the next), in ``--rounds`` processes;
 reported per cell: the milliseconds a step's backward takes each way and each split way over
@@ -43,7 +45,7 @@ from benchmarks.common import axes, finish, load_average, markdown_table, this_t
 
 #: (width, rows per micro-batch, micro-batches): batch 256 in 8 and in 4
 CELLS = [(512, 32, 8), (1024, 32, 8), (1024, 64, 4), (2048, 32, 8)]
-MODES = ("whole", "each", "after", "one call")
+MODES = ("whole", "each", "after", "call by call")
 BLOCKS = 3
 
 
@@ -53,7 +55,6 @@ def measure(width: int, rows: int, m: int, steps: int) -> dict:
 
     import torch
     from torch import nn
-    from torch.autograd.graph import GradientEdge
 
     from lightning_epipe.strategy.engine.split_backward import input_pass, run_weight_passes
 
@@ -64,6 +65,7 @@ def measure(width: int, rows: int, m: int, steps: int) -> dict:
     grads = [torch.randn(rows, width) for _ in range(m)]
 
     def backward(mode: str) -> float:
+        stage.zero_grad(set_to_none=True)  # as every training step starts
         leaves = [x.clone().requires_grad_() for x in inputs]
         outputs = [stage(leaf) for leaf in leaves]
         start = time.perf_counter()
@@ -79,11 +81,9 @@ def measure(width: int, rows: int, m: int, steps: int) -> dict:
                 passes = []
         if mode == "after":
             run_weight_passes(passes)
-        elif mode == "one call":
-            for k, group in enumerate(passes[0].groups):
-                edges = [(GradientEdge(node, j), g) for wp in passes for node, got in wp.groups[k].kept
-                         for j, g in enumerate(got) if g is not None]
-                torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], inputs=group.weights)
+        elif mode == "call by call":
+            for weight_pass in passes:
+                run_weight_passes([weight_pass])
         return time.perf_counter() - start
 
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -140,7 +140,7 @@ def main() -> None:
     for offset, mode in enumerate(MODES[1:]):
         ax.barh([i + 0.27 * offset for i in range(len(keys))], ratios[mode], height=0.27,
                 label={"each": "each weight pass at once (1F1B)", "after": "the weight passes after (GPipe)",
-                       "one call": "the weight passes after, in one call"}[mode])
+                       "call by call": "the weight passes after, call by call"}[mode])
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks([i + 0.27 for i in range(len(keys))], keys, fontsize=8)
     finish(fig, ax, str(Path(args.out).with_suffix(".png")), "a step's backward split / whole (median over processes)",

@@ -26,9 +26,7 @@ The split costs Python per micro-batch (the walk, the kept gradients, a few more
 calls): a fraction of a millisecond, which the weights' work it moves off the path to the
 stage before must outweigh. :func:`worth_splitting` says where it does: a stage whose forward
 of one micro-batch takes at least :data:`SPLIT_MIN_FLOPS` (counted once per stage and input
-shape, ``torch.utils.flop_counter``), on the CPU, the one device it was measured on, under
-GPipe (under 1F1B the split shortens only the drain, and its weight passes, one per
-micro-batch, cost more than that: ``benchmarks/split_cost.py``).
+shape, ``torch.utils.flop_counter``), on the CPU, the one device it was measured on.
 
 Where the split cannot be taken, :func:`input_pass` returns ``None`` and the caller runs one
 backward: no inputs, an output without a graph, an output that no input reaches, or a
@@ -74,10 +72,10 @@ class _Group:
 @dataclass
 class WeightPass:
     """What :func:`input_pass` left for the weights (:func:`run_weight_passes`): per group of
-    weights, the intermediates' gradients to start from. Its edges hold the graph below the
-    intermediates alive until it has run."""
+    weights (keyed by their ids), the intermediates' gradients to start from. Its edges hold
+    the graph below the intermediates alive until it has run."""
 
-    groups: list[_Group]
+    groups: dict[frozenset[int], _Group]
 
 
 def input_pass(outputs: Sequence[Tensor], grads: Sequence[Optional[Tensor]],
@@ -107,23 +105,27 @@ def input_pass(outputs: Sequence[Tensor], grads: Sequence[Optional[Tensor]],
 
 
 def run_weight_passes(passes: Sequence[WeightPass]) -> None:
-    """Run the weight passes of several micro-batches of one stage, one after another: per
-    micro-batch one autograd call per group of weights, each accumulating into ``.grad`` in
-    place. (One call for all micro-batches has autograd sum their gradients of each weight
-    first, into a tensor it allocates afresh, the first sum out of place: more work than the
-    calls it saves, ``benchmarks/split_cost.py``.)"""
+    """Run the weight passes of several micro-batches of one stage: one autograd call per group
+    of weights for all of them (the gradients summed by autograd, accumulated once)."""
+    merged: dict[frozenset[int], _Group] = {}
     for wp in passes:
-        for group in wp.groups:
-            # a group started from two intermediates on one path (a weight used twice) would carry
-            # the first one's gradient down to the second: each intermediate gets exactly its own
-            clamps = [node.register_prehook(lambda _, g=g: g) for node, g in group.kept] if group.clamp else []
-            edges = [(GradientEdge(node, k), g) for node, got in group.kept for k, g in enumerate(got) if g is not None]
-            try:
-                torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], retain_graph=True,
-                                        inputs=group.weights)
-            finally:
-                for handle in clamps:
-                    handle.remove()
+        for key, group in wp.groups.items():
+            into = merged.get(key)
+            if into is None:
+                merged[key] = _Group(list(group.weights), list(group.kept), group.clamp)
+            else:
+                into.kept += group.kept
+                into.clamp = into.clamp or group.clamp
+    for group in merged.values():
+        # a group started from two intermediates on one path (a weight used twice) would carry
+        # the first one's gradient down to the second: each intermediate gets exactly its own
+        clamps = [node.register_prehook(lambda _, g=g: g) for node, g in group.kept] if group.clamp else []
+        edges = [(GradientEdge(node, k), g) for node, got in group.kept for k, g in enumerate(got) if g is not None]
+        try:
+            torch.autograd.backward([e for e, _ in edges], [g for _, g in edges], retain_graph=True, inputs=group.weights)
+        finally:
+            for handle in clamps:
+                handle.remove()
 
 
 def _keeper(kept: dict[Any, tuple[Optional[Tensor], ...]], node: Any) -> Any:
@@ -178,7 +180,7 @@ def _walk(roots: list[Any], input_ids: set[int]) -> Optional[tuple[list[Any], di
 
 
 def _groups(intermediates: list[Any], weights_under: dict[Any, list[Any]],
-            kept: dict[Any, tuple[Optional[Tensor], ...]]) -> list[_Group]:
+            kept: dict[Any, tuple[Optional[Tensor], ...]]) -> dict[frozenset[int], _Group]:
     """Intermediates joined where they reach a common weight, each group with its weights and
     the gradients its intermediates kept."""
     parent: dict[Any, Any] = {}
@@ -197,19 +199,19 @@ def _groups(intermediates: list[Any], weights_under: dict[Any, list[Any]],
     members: dict[Any, list[Any]] = {}
     for node in intermediates:
         members.setdefault(find(node), []).append(node)
-    groups = []
+    groups: dict[frozenset[int], _Group] = {}
     for nodes in members.values():
         accs = {acc for node in nodes for acc in weights_under[node]}
-        group = _Group([acc.variable for acc in accs], clamp=len(nodes) > 1)
+        weights = [acc.variable for acc in accs]
+        key = frozenset(id(w) for w in weights)
+        group = groups.setdefault(key, _Group(weights, clamp=len(nodes) > 1))
         for node in nodes:
             got = kept.get(node)
             if got is None:
                 continue  # no gradient reached it: its weights get nothing through it
             if any(g is not None for g in got):
                 group.kept.append((node, got))
-        if group.kept:
-            groups.append(group)
-    return groups
+    return {key: g for key, g in groups.items() if g.kept}
 
 
 def worth_splitting(stage: nn.Module, x: Any, device: torch.device, setting: Union[bool, str],
