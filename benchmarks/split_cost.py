@@ -15,8 +15,8 @@ micro-batch, in one process and one torch thread, four ways taking turns:
 
 Every step starts without gradients (``zero_grad(set_to_none=True)``, as training's do). Timed:
 the backward loop alone, the median over ``--steps`` steps after two of warm-up, the
-ways in a fresh random order every step (one fixed order favoured some over others by up to
-10% here: each leaves the allocator and the caches to the next), in ``--rounds`` processes;
+ways in a fresh random order every step (each leaves the allocator and the caches to the
+next), in ``--rounds`` processes;
 reported per cell: the milliseconds a step's backward takes each way and each split way over
 ``whole`` (median and min-max over the processes). This is
 the split's work, not its effect on a pipeline: where a rank has cores to itself the split
