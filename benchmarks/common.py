@@ -154,6 +154,15 @@ def write_json(name: str, data) -> Path:
     return path
 
 
+def publish_table(results: dict, header: Sequence[str], rows: Sequence[Sequence[object]], name: str) -> Path:
+    """Put the table of ``rows`` in ``results["table"]``, print it after the load averages in
+    ``results["load_before"]`` and ``results["load_after"]``, and write ``results`` as ``name``."""
+    results["table"] = markdown_table(header, rows)
+    print(f"{results['load_before']} before, {results['load_after']} after\n")
+    print(results["table"])
+    return write_json(name, results)
+
+
 def netns_available() -> Optional[str]:
     """``None`` if namespaces with ``tc`` work here, else why not (the skip message)."""
     for tool in ("ip", "tc"):

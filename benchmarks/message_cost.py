@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import axes, finish, load_average, markdown_table, unpack_revision, write_json  # noqa: E402
+from benchmarks.common import axes, finish, load_average, publish_table, unpack_revision  # noqa: E402
 
 CODECS = {"none": {}, "fp16": {}, "sortquant-8": {"bits": 8}}
 SHAPES = [(8, 128), (32, 512), (32, 1024)]
@@ -207,10 +207,7 @@ def main() -> None:
                       for s in samples]
             row += [f"{statistics.median(ratios):.2f}", f"{min(ratios):.2f}-{max(ratios):.2f}"]
         rows.append(row)
-    results["table"] = markdown_table(header, rows)
-    print(f"{load_before} before, {results['load_after']} after\n")
-    print(results["table"])
-    write_json(args.out, results)
+    publish_table(results, header, rows, args.out)
 
     fig, ax = axes()
     keys = list(results["runs"])

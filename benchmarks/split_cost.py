@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import axes, finish, load_average, markdown_table, this_tree, write_json  # noqa: E402
+from benchmarks.common import axes, finish, load_average, publish_table, this_tree  # noqa: E402
 
 #: (width, rows per micro-batch, micro-batches): batch 256 in 8 and in 4
 CELLS = [(512, 32, 8), (1024, 32, 8), (1024, 64, 4), (2048, 32, 8)]
@@ -130,10 +130,7 @@ def main() -> None:
             ratios.setdefault(mode, []).append(statistics.median(r))
             row += [f"{statistics.median(r):.3f}x", f"{min(r):.2f}-{max(r):.2f}"]
         rows.append(row)
-    results["table"] = markdown_table(header, rows)
-    print(f"{results['load_before']} before, {results['load_after']} after\n")
-    print(results["table"])
-    write_json(args.out, results)
+    publish_table(results, header, rows, args.out)
 
     fig, ax = axes()
     keys = list(results["runs"])
