@@ -14,6 +14,7 @@ from torch import nn
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import Kind
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
+from lightning_epipe.strategy.engine import split_backward
 
 from tests.strategy.threaded import make_layers, reference, run_threaded
 
@@ -204,3 +205,23 @@ def test_split_steps_with_recomputed_micro_batches(placement, size, schedule):
     trained, _, plan, batches = run_threaded(placement, size, schedule, 4, rule="gloo", split_backward=True,
                                              checkpoint="except_last")
     _check_weights(trained, plan, batches, 1)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_auto_splits_under_gpipe_and_runs_whole_backwards_under_1f1b(schedule, monkeypatch):
+    """``split_backward="auto"`` with every stage over the FLOPs threshold: GPipe steps leave
+    weight passes, 1F1B steps none (whole backwards); the weights equal one process's."""
+    monkeypatch.setattr(split_backward, "SPLIT_MIN_FLOPS", 0)
+    passes = []
+    run_passes = PipelineRuntime._run_weight_passes
+
+    def weights(self, s):
+        passes.extend(self._weight_passes.get(s, []))
+        return run_passes(self, s)
+
+    monkeypatch.setattr(PipelineRuntime, "_run_weight_passes", weights)
+    chunks, steps = 4, 2
+    trained, _, plan, batches = run_threaded("chain", 2, schedule, chunks, steps=steps, rule="gloo",
+                                             split_backward="auto")
+    _check_weights(trained, plan, batches, 1)
+    assert len(passes) == (chunks * steps if schedule == "gpipe" else 0)  # the last stage's, one per micro-batch
