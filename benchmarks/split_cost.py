@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -50,9 +51,7 @@ BLOCKS = 3
 
 
 def measure(width: int, rows: int, m: int, steps: int) -> dict:
-    """Median milliseconds of a step's backward, per mode, the modes taking turns step by step."""
-    import random
-
+    """Median milliseconds of a step's backward, per mode, the modes in a random order each step."""
     import torch
     from torch import nn
 
