@@ -13,8 +13,8 @@ from torch import nn
 
 from lightning_epipe.strategy.comm.transport import Transport
 from lightning_epipe.strategy.comm.wire import Kind
-from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 from lightning_epipe.strategy.engine import split_backward
+from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 
 from tests.strategy.threaded import make_layers, reference, run_threaded
 
