@@ -21,7 +21,11 @@ Lightning's own per-step cost on that width: one Lightning process on the whole 
 against the same model in a plain loop (``plain``: no Trainer, gradients zeroed after the
 forward as Lightning's closure does), both per repetition; the JSON also keeps the plain
 loop in torch's idiom (``plain_zero_first``: ``zero_grad`` first, the order of the torch
-pipelining loop), whose allocation pattern runs large widths slower in one process.
+pipelining loop), whose allocation pattern runs large widths slower in one process. And per
+cell the ratio of the two median steps (per repetition, median over them: the throughput
+ratio without the runs' stalls) beside how many stalls each side's runs had in all (steps
+longer than ``worker.STALL`` times their run's median); a run of few short steps may miss a
+stall that a longer one catches, so narrow widths want more ``--steps``.
 
 ``--slow-link``: ``none``, ``sortquant`` 8 bits and ``lloydmax`` 4 bits; client-server, 2
 processes, width 1024, chunks 8, both ranks in a network
@@ -82,7 +86,8 @@ def base(cell: dict, steps: int) -> dict:
 
 
 def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
-    rows = [dict(cell, epipe=[], torch=[], epipe_median_step=[], torch_median_step=[], errors=[]) for cell in grid]
+    rows = [dict(cell, epipe=[], torch=[], epipe_median_step=[], torch_median_step=[], epipe_stalls_ms=[],
+                 torch_stalls_ms=[], errors=[]) for cell in grid]
     singles: dict[tuple[str, int], list[float]] = {}  # (kind, width) -> samples/s per repetition
     for rep in range(repeats):
         for width in sorted({c["width"] for c in grid}):
@@ -99,6 +104,7 @@ def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
                 if result.get(RATE):
                     row[name].append(result[RATE])
                     row[f"{name}_median_step"].append(result["median_step_samples_per_s"])
+                    row[f"{name}_stalls_ms"].append(result["stalls_ms"])
                 else:
                     row["errors"].append(f"{name}: {result.get('error')}")
             print(f"  rep {rep + 1} K={row['stages']} w={row['width']} m={row['chunks']} {row['schedule']}:"
@@ -112,7 +118,11 @@ def measure(grid: list[dict], repeats: int, steps: int) -> list[dict]:
 
 
 def summary(row: dict) -> dict:
+    """The cell's medians over its repetitions. ``step_ratio``: the median per-repetition ratio of
+    the two median steps' rates, what the throughput ratio is without the runs' stalls
+    (``worker.STALL``), counted over every repetition in ``stalls``."""
     ratios = [a / b for a, b in zip(row["epipe"], row["torch"])]
+    step_ratios = [a / b for a, b in zip(row.get("epipe_median_step", []), row.get("torch_median_step", []))]
     single = statistics.median(row["single"]) if row["single"] else None
     k, m = row["stages"], row["chunks"]
     balance = 8 / (k * max(SPLITS[k]))
@@ -134,6 +144,9 @@ def summary(row: dict) -> dict:
         spread=(min(ratios), max(ratios)) if ratios else None,
         eff_epipe=eff(row["epipe"]), eff_torch=eff(row["torch"]), ideal=ideal_efficiency(m, k) * balance,
         beyond_torch_ms=beyond(row["epipe"], row["torch"]), lightning_ms=beyond(row["single"], row.get("plain", [])),
+        step_ratio=statistics.median(step_ratios) if step_ratios else None,
+        stalls={name: sum(len(run) for run in row[f"{name}_stalls_ms"]) for name in ("epipe", "torch")
+                if row.get(f"{name}_stalls_ms")},
     )
 
 
@@ -146,10 +159,17 @@ def table(rows: list[dict]) -> str:
         body.append([row["stages"], row["width"], row["chunks"], schedule, fmt(s["epipe"], ".0f"),
                      fmt(s["torch"], ".0f"), fmt(s["ratio"], ".2f", "x"), spread, fmt(s["eff_epipe"], ".2f"),
                      fmt(s["eff_torch"], ".2f"), fmt(s["ideal"], ".2f"), fmt(s["beyond_torch_ms"], ".2f"),
-                     fmt(s["lightning_ms"], ".2f"), "; ".join(row["errors"])[:80]])
+                     fmt(s["lightning_ms"], ".2f"), fmt(s["step_ratio"], ".2f", "x"), stall_counts(s["stalls"]),
+                     "; ".join(row["errors"])[:80]])
     return markdown_table(["K", "width", "chunks", "schedule", "EPipe samples/s", "torch samples/s", "ratio (median)",
                            "ratio spread", "efficiency EPipe", "efficiency torch", "ideal x balance",
-                           "EPipe - torch ms/step", "Lightning ms/step", "errors"], body)
+                           "EPipe - torch ms/step", "Lightning ms/step", "median steps' ratio", "stalls EPipe / torch",
+                           "errors"], body)
+
+
+def stall_counts(stalls: dict) -> str:
+    """``"EPipe / torch"`` stalls over a cell's repetitions; ``-`` where the runs did not count them."""
+    return f"{stalls['epipe']} / {stalls['torch']}" if {"epipe", "torch"} <= set(stalls) else "-"
 
 
 def plot(rows: list[dict], name: str = "engine.png") -> Path:

@@ -136,10 +136,24 @@ def median_step_rate(times: list[float], warmup: int, batch: int) -> float:
     return batch / statistics.median(b - a for a, b in zip(times[warmup:], times[warmup + 1:]))
 
 
+#: a step of more than this many times its run's median step is a stall: the pipeline stopped
+#: for a while, beyond the spread of its steps
+STALL = 5
+
+
+def stalls(times: list[float], warmup: int) -> list[float]:
+    """The lengths (ms) of the steps after ``warmup`` longer than ``STALL`` x the median one."""
+    steps = [b - a for a, b in zip(times[warmup:], times[warmup + 1:])]
+    median = statistics.median(steps)
+    return [1000 * s for s in steps if s > STALL * median]
+
+
 def rates(times: list[float], warmup: int, batch: int) -> dict:
-    """The result's throughput fields: over the whole timed span, and of the median step."""
+    """The result's throughput fields: over the whole timed span, of the median step, and the
+    stalls among the timed steps (their lengths, ms)."""
     return {"samples_per_s": samples_per_second(times, warmup, batch),
-            "median_step_samples_per_s": median_step_rate(times, warmup, batch), "steps": len(times)}
+            "median_step_samples_per_s": median_step_rate(times, warmup, batch), "steps": len(times),
+            "stalls_ms": stalls(times, warmup)}
 
 
 def _trainer(cfg: dict, strategy, devices: int, callbacks: list, **extra) -> L.Trainer:

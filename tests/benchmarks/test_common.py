@@ -8,7 +8,7 @@ from benchmarks.codecs import CODECS, NAMED
 from benchmarks.common import fmt, markdown_table, median_spread, rep_ratios, repeat_round
 from benchmarks.models import StackRegressor, build_layers, make_data
 from benchmarks.slow_link import break_even, median_speedups, speedups, tables
-from benchmarks.worker import median_step_rate, samples_per_second
+from benchmarks.worker import STALL, median_step_rate, samples_per_second, stalls
 
 
 def test_samples_per_second_skips_warmup():
@@ -71,3 +71,12 @@ def test_median_step_rate_ignores_one_slow_step():
     times = [0.0, 1.0, 1.5, 2.0, 4.5, 5.0]  # after warmup 1: steps of 0.5, 0.5, 2.5, 0.5 s
     assert median_step_rate(times, warmup=1, batch=8) == pytest.approx(8 / 0.5)
     assert samples_per_second(times, warmup=1, batch=8) == pytest.approx(4 * 8 / 4.0)
+
+
+def test_stalls_are_the_steps_far_beyond_the_median():
+    steps = [0.5, 0.5, 0.5 * STALL, 0.5, 0.5 * STALL + 0.5, 0.5]  # one at the threshold, one past it
+    times = [0.0, 9.0]  # the warmup step (9 s) is not timed
+    for step in steps:
+        times.append(times[-1] + step)
+    assert stalls(times, warmup=1) == pytest.approx([1000 * (0.5 * STALL + 0.5)])
+    assert stalls(times[:4], warmup=1) == []
