@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from lightning_epipe.compressors import Compressor
 from lightning_epipe.strategy.compression.codec_book import AUTO_KEYS, CodecBook, DeltaConfig, resolve_specs
 from lightning_epipe.strategy.core_binding import check_bind_cores
+from lightning_epipe.strategy.gc_freeze import check_freeze_gc
 from lightning_epipe.strategy.planning.partition import PLACEMENTS
 from lightning_epipe.strategy.engine.replicas import check_replicas
 
@@ -94,6 +95,12 @@ ARGUMENTS = """\
         bind_cores: run each process of a machine, with every thread it runs, on its own
             contiguous share of the CPU cores it was started on; left unbound where the
             processes outnumber the cores (:mod:`~lightning_epipe.strategy.core_binding`; Linux).
+        freeze_gc: at the end of set-up each process collects its garbage once and freezes what
+            survives (``gc.freeze``: imports, model, optimizers, Lightning's loop), so Python's
+            full collections, which would otherwise stop one rank, and with it the whole pipeline,
+            for a few hundred milliseconds every few hundred steps, scan only what the training
+            created since; undone at teardown (:mod:`~lightning_epipe.strategy.gc_freeze`). Left
+            alone in a process that froze objects itself.
 """
 
 
@@ -123,6 +130,7 @@ class PipelineConfig:
     process_group_backend: Optional[str] = None
     verify_checksum: bool = True
     bind_cores: bool = False
+    freeze_gc: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.chunks, int) or isinstance(self.chunks, bool) or self.chunks < 1:
@@ -149,6 +157,7 @@ class PipelineConfig:
         if not isinstance(self.split_backward, bool) and self.split_backward != "auto":
             raise ValueError(f"split_backward must be True, False or 'auto', got {self.split_backward!r}")
         check_bind_cores(self.bind_cores)
+        check_freeze_gc(self.freeze_gc)
         self.codec_book(num_cuts=None)  # every codec name and argument, before any process starts
 
     @classmethod

@@ -47,6 +47,7 @@ from lightning_epipe.strategy.compression.bottleneck_optimizer import optimize_b
 from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.config import ARGUMENTS, CompressorArg, PipelineConfig
 from lightning_epipe.strategy.core_binding import CoreBinding
+from lightning_epipe.strategy.gc_freeze import FrozenGC
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.clipping import clip_across_stages
 from lightning_epipe.strategy.engine.grad_scaling import agree_on_overflow, check_unscaling, scaler_of
@@ -108,6 +109,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         process_group_backend: Optional[str] = None,
         verify_checksum: bool = True,
         bind_cores: bool = False,
+        freeze_gc: bool = True,
         accelerator: Optional[Any] = None,
         parallel_devices: Optional[list[torch.device]] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
@@ -124,6 +126,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
             checkpoint=checkpoint, start_ahead=start_ahead, split_backward=split_backward, timeout=timeout,
             start_method=start_method,
             process_group_backend=process_group_backend, verify_checksum=verify_checksum, bind_cores=bind_cores,
+            freeze_gc=freeze_gc,
         )
         self._backend = process_group_backend  # resolved in setup_environment
         self._tuner = AutoTuner(**self.config.auto_kwargs) if self.config.auto else None
@@ -140,6 +143,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         self._rank_steps: Optional[RankSteps] = None  # after setup
         self._cores = CoreBinding()  # bind_cores=True: this process's share of the machine's cores
         self._said_unbound = False  # bind_cores=True with more processes than cores: warned
+        self._gc = FrozenGC()  # freeze_gc=True: what set-up left, out of the collector's way
 
     # ------------------------------------------------------------------ properties
 
@@ -277,6 +281,8 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
             trainer.callbacks.insert(0, StartAhead(self._start_next_step))
         if self.is_client:
             log.info("EPipeStrategy plan: balance=%s ranks=%s codecs=%s", plan.balance, plan.stage_ranks, self.compressor_description())
+        if self.config.freeze_gc:  # last: everything set-up made is frozen with the rest
+            self._gc.freeze()
 
     @override
     def model_to_device(self) -> None:
@@ -424,6 +430,7 @@ class EPipeStrategy(RankTopology, ParallelStrategy):
         self.accelerator.teardown()
         self.checkpoint_io.teardown()
         self._cores.restore()
+        self._gc.unfreeze()
 
     @classmethod
     @override

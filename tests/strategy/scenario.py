@@ -14,6 +14,7 @@ one process without the strategy.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -164,6 +165,13 @@ class PrintCores(L.Callback):
         print(f"rank {trainer.global_rank} cores {sorted(os.sched_getaffinity(0))} threads {json.dumps(threads)}", flush=True)
 
 
+class PrintFrozenObjects(L.Callback):
+    """Every rank prints how many objects the garbage collector leaves frozen while it trains."""
+
+    def on_train_start(self, trainer, pl_module):
+        print(f"rank {trainer.global_rank} training frozen {gc.get_freeze_count()}", flush=True)
+
+
 def rank_zero_result(trainer, model) -> dict:
     """What rank 0 saw in training: its losses and metrics, its counters per link, auto's choices."""
     strategy = trainer.strategy
@@ -309,6 +317,8 @@ def main() -> None:
     p.add_argument("--backend", default=None, help="process_group_backend, e.g. gloo between GPUs")
     p.add_argument("--bind-cores", action="store_true", help="every rank prints the CPU cores it runs on")
     p.add_argument("--no-start-ahead", action="store_true", help="EPipeStrategy(start_ahead=False)")
+    p.add_argument("--no-freeze-gc", action="store_true", help="EPipeStrategy(freeze_gc=False)")
+    p.add_argument("--print-gc", action="store_true", help="every rank prints its frozen objects in training and after fit")
     p.add_argument("--split-backward", default="auto", choices=["auto", "true", "false"], help="EPipeStrategy(split_backward=...)")
     p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-seconds before each optimizer step")
     p.add_argument("--slow-seconds", type=float, default=0.1)
@@ -323,6 +333,7 @@ def main() -> None:
         error_feedback=args.error_feedback, replicas=args.replicas, delta_compression=args.delta, delta_cache_limit=args.delta_cache_limit,
         balance=[int(b) for b in args.balance.split(",")] if args.balance and "," in args.balance else args.balance,
         process_group_backend=args.backend, bind_cores=args.bind_cores, start_ahead=not args.no_start_ahead,
+        freeze_gc=not args.no_freeze_gc,
         split_backward={"auto": "auto", "true": True, "false": False}[args.split_backward],
     )
     manual_clip = None
@@ -343,6 +354,8 @@ def main() -> None:
         callbacks.append(InjectFault(args.fault, args.fault_rank, args.fault_step))
     if args.bind_cores:
         callbacks.append(PrintCores())
+    if args.print_gc:
+        callbacks.append(PrintFrozenObjects())
     if args.start_method != "popen":
         callbacks.append(SaveRankZeroResult(args.out))
     if args.ckpt_dir:
@@ -378,6 +391,8 @@ def main() -> None:
     except SIGTERMException:
         print(f"rank {trainer.global_rank} stopped by SIGTERM at global_step {trainer.global_step}", flush=True)
         raise
+    if args.print_gc:
+        print(f"rank {trainer.global_rank} after fit frozen {gc.get_freeze_count()}", flush=True)
     if args.start_method != "popen":  # the launching process is not a rank: rank 0 wrote what it saw
         # (SaveRankZeroResult), and Lightning's launcher gave the trained weights back to this one;
         # forked ranks predict next (spawned ones would import everything again: left out)
