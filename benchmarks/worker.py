@@ -128,12 +128,17 @@ def samples_per_second(times: list[float], warmup: int, batch: int) -> float:
     return (len(times) - 1 - warmup) * batch / (times[-1] - times[warmup])
 
 
+def step_times(times: list[float], warmup: int) -> list[float]:
+    """The timed steps' lengths (s): those after step ``warmup``."""
+    if len(times) <= warmup + 1:
+        raise ValueError(f"need more than warmup+1={warmup + 1} steps, got {len(times)}")
+    return [b - a for a, b in zip(times[warmup:], times[warmup + 1:])]
+
+
 def median_step_rate(times: list[float], warmup: int, batch: int) -> float:
     """Samples/s of the median step after ``warmup``: a step that another job's burst of load
     slowed moves it less than it moves the mean."""
-    if len(times) <= warmup + 1:
-        raise ValueError(f"need more than warmup+1={warmup + 1} steps, got {len(times)}")
-    return batch / statistics.median(b - a for a, b in zip(times[warmup:], times[warmup + 1:]))
+    return batch / statistics.median(step_times(times, warmup))
 
 
 #: a step of more than this many times its run's median step is a stall: the pipeline stopped
@@ -143,7 +148,7 @@ STALL = 5
 
 def stalls(times: list[float], warmup: int) -> list[float]:
     """The lengths (ms) of the steps after ``warmup`` longer than ``STALL`` x the median one."""
-    steps = [b - a for a, b in zip(times[warmup:], times[warmup + 1:])]
+    steps = step_times(times, warmup)
     median = statistics.median(steps)
     return [1000 * s for s in steps if s > STALL * median]
 

@@ -47,7 +47,6 @@ from lightning_epipe.strategy.compression.bottleneck_optimizer import optimize_b
 from lightning_epipe.strategy.compression.sample_ids import SampleIdRecorder
 from lightning_epipe.strategy.config import ARGUMENTS, CompressorArg, PipelineConfig
 from lightning_epipe.strategy.core_binding import CoreBinding
-from lightning_epipe.strategy.gc_freeze import FrozenGC
 from lightning_epipe.strategy.engine.client_step import ClientStep
 from lightning_epipe.strategy.engine.clipping import clip_across_stages
 from lightning_epipe.strategy.engine.grad_scaling import agree_on_overflow, check_unscaling, scaler_of
@@ -55,6 +54,7 @@ from lightning_epipe.strategy.engine.one_f_one_b import GradientStash
 from lightning_epipe.strategy.engine.rank_steps import RankSteps
 from lightning_epipe.strategy.engine.runtime import PipelineRuntime
 from lightning_epipe.strategy.engine.stats import PipelineStats
+from lightning_epipe.strategy.gc_freeze import FrozenGC
 from lightning_epipe.strategy.launch import make_launcher
 from lightning_epipe.strategy.metrics_sync import CallbackMetricsSync, keep_metrics_local
 from lightning_epipe.strategy.planning.partition import PipelinePlan

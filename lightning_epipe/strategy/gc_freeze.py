@@ -5,10 +5,10 @@ of thousands with torch and Lightning imported, and the rank computes and sends 
 meanwhile: in a pipeline every other stage waits for it. CPython runs one every few hundred
 steps of a training loop (when enough objects have outlived the younger collections), on each
 rank at its own moment, so the pipeline stops as often as all its ranks together collect
-(benchmarks/README.md, section 0, "Full garbage collections stop the pipeline"). At the end of set-up every rank
-collects once and freezes what survives (``gc.freeze``): the imports, the model, the
-optimizers and Lightning's loop go to a generation the collector never traverses, and later
-collections scan only what the training created since. Cyclic garbage the training creates is
+(benchmarks/README.md, section 0, "Full garbage collections stop the pipeline"). At the end
+of set-up every rank collects once and freezes what survives (``gc.freeze``): the imports,
+the model, the optimizers and Lightning's loop go to a generation the collector never
+traverses, and later collections scan only what the training created since. Cyclic garbage the training creates is
 collected as before; a frozen object is still freed by reference counting when its last
 reference goes, and one in a reference cycle once teardown unfreezes (``gc.unfreeze``). A
 process that froze objects itself is left as it is.
