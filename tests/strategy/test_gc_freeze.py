@@ -30,8 +30,8 @@ def test_freeze_moves_the_survivors_out_of_the_collectors_way_and_unfreeze_gives
     assert not any(o is kept[0] for o in gc.get_objects())  # in no generation: no collection traverses it
     count = gc.get_freeze_count()
     later = [[]]
-    frozen.freeze()  # in place already: nothing more
-    assert gc.get_freeze_count() == count and any(o is later for o in gc.get_objects())
+    frozen.freeze()  # in place already: nothing more is frozen (frozen objects may still be freed)
+    assert gc.get_freeze_count() <= count and any(o is later for o in gc.get_objects())
     frozen.unfreeze()
     assert not frozen.frozen and gc.get_freeze_count() == 0
     assert any(o is kept[0] for o in gc.get_objects(generation=2))
@@ -42,8 +42,8 @@ def test_a_process_that_froze_objects_itself_is_left_alone(unfrozen):
     mine = gc.get_freeze_count()
     frozen = FrozenGC()
     frozen.freeze()
-    frozen.unfreeze()  # not its freeze to undo
-    assert not frozen.frozen and gc.get_freeze_count() == mine
+    frozen.unfreeze()  # not its freeze to undo: still in place (frozen objects may be freed meanwhile)
+    assert not frozen.frozen and 0 < gc.get_freeze_count() <= mine
 
 
 def test_cyclic_garbage_made_after_the_freeze_is_still_collected(unfrozen):
